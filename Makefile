@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine:
+#   make serve   install into .venv and start the proxy on config.yaml (in-memory store)
+#   make test    install into .venv, then lint, type-check and run the whole test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test lint bench
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/compaction-proxy serve --config config.yaml
+
+lint: $(STAMP)
+	$(BIN)/ruff check proxy policies tests bench
+	$(BIN)/ruff format --check proxy policies tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/compaction.py

@@ -1,0 +1,73 @@
+"""The compaction engine: pure functions over OpenAI chat messages, no I/O.
+
+`compact` runs a policy's layers over a conversation and returns a `Plan`, a storable rewrite
+of the conversation that `render` applies to later requests of the same branch.
+"""
+
+from policies.budget import Budget, Status, make_budget
+from policies.chain import canonical, chain_hashes
+from policies.context import Context
+from policies.conversation import (
+    current_turn,
+    current_turn_start,
+    is_system,
+    rounds,
+    tool_blocks,
+    tool_pair_problems,
+)
+from policies.counting import Counter, image_tokens, media_tokens
+from policies.decision import Decision
+from policies.digest import digest
+from policies.layers import DEFAULT_LAYERS, LAYERS, Layer, LayerSpec, parse_layers
+from policies.layers.clear_tool_results import ClearToolResultsParams
+from policies.layers.drop_tool_blocks import DropToolBlocksParams
+from policies.layers.summarize import SummarizeParams
+from policies.layers.trim_head import TrimHeadParams
+from policies.layers.truncate_tool_fields import TruncateToolFieldsParams
+from policies.message import Message, content_text
+from policies.pipeline import Compaction, PolicyParams, compact, make_context
+from policies.plan import Plan, header_message, render
+from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest
+
+__all__ = [
+    "DEFAULT_LAYERS",
+    "LAYERS",
+    "Budget",
+    "ClearToolResultsParams",
+    "Compaction",
+    "Context",
+    "Counter",
+    "Decision",
+    "DropToolBlocksParams",
+    "Layer",
+    "LayerSpec",
+    "Message",
+    "Plan",
+    "PolicyParams",
+    "Status",
+    "SummarizeParams",
+    "Summarizer",
+    "Summary",
+    "SummaryKind",
+    "SummaryRequest",
+    "TrimHeadParams",
+    "TruncateToolFieldsParams",
+    "canonical",
+    "chain_hashes",
+    "compact",
+    "content_text",
+    "current_turn",
+    "current_turn_start",
+    "digest",
+    "header_message",
+    "image_tokens",
+    "is_system",
+    "make_budget",
+    "make_context",
+    "media_tokens",
+    "parse_layers",
+    "render",
+    "rounds",
+    "tool_blocks",
+    "tool_pair_problems",
+]

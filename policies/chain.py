@@ -1,0 +1,70 @@
+"""The hash chain that identifies a conversation prefix, system messages excluded.
+
+A plan applies to a request only when the chain prefix it was computed over is unchanged.
+Messages are hashed in a canonical form, so that what SDKs echo back differently (null
+fields, `refusal: null`, `annotations: []`, a text part instead of a string) does not count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policies.conversation import is_system
+from policies.message import call_arguments, call_name, tool_calls
+
+DIGEST_SIZE = 8
+
+
+def canonical(message: Mapping[str, Any]) -> bytes:
+    """The canonical form of a message: role, content, tool calls, tool_call_id, name."""
+    fields = [
+        _text(message.get("role")),
+        _content(message.get("content")),
+        _text(message.get("tool_call_id")),
+        _text(message.get("name")),
+    ]
+    for call in tool_calls(message):
+        fields += (_text(call.get("id")), call_name(call), call_arguments(call))
+    # Unit separators: the fields are few and fixed, and a history is only ever compared with
+    # the same session's history, so text holding a separator is not worth an escape.
+    return "\x1f".join(fields).encode("utf-8", "surrogatepass")
+
+
+def chain_hashes(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Cumulative hashes over the non-system messages: entry i identifies the prefix [0, i]."""
+    hashes = []
+    previous = b""
+    for message in messages:
+        if is_system(message):
+            continue
+        digest = hashlib.blake2b(previous, digest_size=DIGEST_SIZE)
+        digest.update(canonical(message))
+        previous = digest.digest()
+        hashes.append(previous.hex())
+    return hashes
+
+
+def _text(value: object) -> str:
+    if value.__class__ is str:
+        return value
+    return "" if value is None else json.dumps(value, sort_keys=True, default=str)
+
+
+def _content(content: object) -> str:
+    """The text, with each other part as its type and a hash: `[text, image]` ~ text+image."""
+    if not isinstance(content, list):
+        return _text(content)
+    pieces = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "text":
+            pieces.append(_text(part.get("text")))
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            form = json.dumps(part, sort_keys=True, default=str).encode("utf-8", "surrogatepass")
+            pieces.append(
+                f"\0{kind}:{hashlib.blake2b(form, digest_size=DIGEST_SIZE).hexdigest()}\0"
+            )
+    return "".join(pieces)

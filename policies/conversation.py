@@ -1,0 +1,101 @@
+"""The structure of a conversation: rounds, tool blocks, the current turn, tool pairing.
+
+Every function takes a message list and answers with indices into it; system and developer
+messages may stand anywhere and belong to no round or block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policies.message import tool_calls
+
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def is_system(message: Mapping[str, Any]) -> bool:
+    """System and developer messages: they always come from the request, never compacted."""
+    return message.get("role") in SYSTEM_ROLES
+
+
+def rounds(messages: Sequence[Mapping[str, Any]]) -> list[range]:
+    """One range per user message: from it up to the next user message."""
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    return [range(s, e) for s, e in zip(starts, [*starts[1:], len(messages)], strict=True)]
+
+
+def tool_blocks(messages: Sequence[Mapping[str, Any]]) -> list[range]:
+    """Assistant messages with tool calls, each with the tool messages that answer it."""
+    blocks = []
+    i = 0
+    while i < len(messages):
+        calls = tool_calls(messages[i]) if messages[i].get("role") == "assistant" else []
+        end = i + 1
+        if calls:
+            ids = {call.get("id") for call in calls}
+            while (
+                end < len(messages)
+                and messages[end].get("role") == "tool"
+                and messages[end].get("tool_call_id") in ids
+            ):
+                end += 1
+            blocks.append(range(i, end))
+        i = end
+    return blocks
+
+
+def current_turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Where the current turn's tail starts.
+
+    The tail is the newest tool block when the conversation ends with tool results (an agent
+    loop), else the last user message, and in both cases everything after it. With no user
+    message at all the whole conversation is the current turn.
+    """
+    last = next((i for i in reversed(range(len(messages))) if not is_system(messages[i])), None)
+    if last is None:
+        return len(messages)
+    if messages[last].get("role") == "tool":
+        return next((b.start for b in tool_blocks(messages) if last in b), last)
+    return _last_user(messages, len(messages)) or 0
+
+
+def current_turn(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The non-system messages the model must answer now; they are never changed.
+
+    The tail from `current_turn_start`, and, in an agent loop, the last user message (the
+    task) before it; the loop's older tool blocks are not part of the turn.
+    """
+    start = current_turn_start(messages)
+    task = _last_user(messages, start)
+    tail = [i for i in range(start, len(messages)) if not is_system(messages[i])]
+    return tail if task is None else [task, *tail]
+
+
+def tool_pair_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why OpenAI would reject the tool pairing of these messages (no text, only ids)."""
+    problems = []
+    open_at, unanswered = -1, set[str]()
+    in_group = False
+    for i, message in enumerate(messages):
+        if message.get("role") == "tool":
+            call_id = message.get("tool_call_id")
+            if not in_group:
+                problems.append(f"message {i}: tool message without a preceding tool call")
+            elif call_id not in unanswered:
+                problems.append(f"message {i}: tool message answers no open call ({call_id!r})")
+            else:
+                unanswered.discard(call_id)
+            continue
+        if unanswered:
+            problems.append(f"message {open_at}: tool calls without answers {sorted(unanswered)}")
+        calls = tool_calls(message) if message.get("role") == "assistant" else []
+        in_group = bool(calls)
+        open_at, unanswered = i, {str(call.get("id")) for call in calls}
+    if unanswered:
+        problems.append(f"message {open_at}: tool calls without answers {sorted(unanswered)}")
+    return problems
+
+
+def _last_user(messages: Sequence[Mapping[str, Any]], before: int) -> int | None:
+    return next((i for i in reversed(range(before)) if messages[i].get("role") == "user"), None)

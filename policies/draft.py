@@ -1,0 +1,135 @@
+"""A plan being changed by one layer, with the token count of its view kept up to date."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from policies.anchors import anchor_block, lost_anchors
+from policies.context import Context
+from policies.decision import Decision
+from policies.message import Message, visible_text
+from policies.plan import ANCHOR_HEADING, Plan, header_message
+from policies.summary import Summary
+
+
+class Draft:
+    """Layers change a Draft and turn it into a new Plan and a Decision.
+
+    Changes only move forward: the cut grows, edits are added or replaced by stronger ones.
+    `tokens` is exact for the view except for anchors lost since the last `finish`, which
+    are counted as if each went to the anchor block: an upper bound, made exact by `finish`.
+    """
+
+    def __init__(self, messages: Sequence[Message], plan: Plan, ctx: Context) -> None:
+        self.messages = messages
+        self.plan = plan
+        self.ctx = ctx
+        self.cut = min(plan.cut, len(ctx.chain))
+        self.summary = plan.summary
+        self.edits = dict(plan.edits)
+        self.anchor_block = plan.anchor_block
+        self.anchor_cap = ctx.anchor_block_max_tokens
+        self.changed: list[int] = []
+        self._touched = False
+        self._body = sum(ctx.chain_tokens[self.cut :]) + sum(
+            ctx.message_tokens(p, edit) - ctx.chain_tokens[p]
+            for p, edit in self.edits.items()
+            if self.cut <= p < len(ctx.chain)
+        )
+        self.header = self.header_cost(self.summary)
+        self._lost: dict[str, None] = {}
+        self._lost_tokens = 0
+        self.tokens_before = self.tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the view: fixed, system messages, header and the kept chain."""
+        lost = 0
+        if self._lost:
+            heading = 0 if self.anchor_block else self.ctx.counter.text(ANCHOR_HEADING) + 2
+            lost = min(self._lost_tokens, self.anchor_cap) + heading
+        return self.ctx.fixed_tokens + self.ctx.system_tokens + self.header + self._body + lost
+
+    def over(self, goal: int | None = None) -> bool:
+        return self.tokens > (self.ctx.target_tokens if goal is None else goal)
+
+    def current(self, position: int) -> Message | None:
+        """The message at `position` as the view shows it (None when evicted or dropped)."""
+        if position < self.cut:
+            return None
+        return self.edits.get(position, self.ctx.chain[position])
+
+    def tokens_at(self, position: int) -> int:
+        return self.ctx.message_tokens(position, self.current(position))
+
+    def candidates(self, positions: Iterable[int]) -> list[tuple[int, Message]]:
+        """The messages at `positions` that are neither in the current turn nor gone."""
+        found = ((p, self.current(p)) for p in positions if not self.ctx.in_turn(p))
+        return [(p, message) for p, message in found if message is not None]
+
+    def set(self, position: int, message: Message | None) -> None:
+        """Replace the message at `position` (None drops it)."""
+        self._body += self.ctx.message_tokens(position, message) - self.tokens_at(position)
+        self.edits[position] = message
+        self.changed.append(position)
+        self._lose(position, visible_text(message) if message is not None else "")
+
+    def evict(self, cut: int, summary: Summary | None) -> None:
+        """Replace the chain before `cut` by `summary`."""
+        for position in range(self.cut, cut):
+            self._body -= self.tokens_at(position)
+            self._lose(position, summary.text if summary is not None else "")
+            self.changed.append(position)
+        self.cut = cut
+        self.set_summary(summary)
+
+    def set_summary(self, summary: Summary | None) -> None:
+        self.summary = summary
+        self.header = self.header_cost(self.summary)
+        self._touched = True
+
+    def finish(self) -> Plan:
+        """The plan, with the anchor block made from the anchors its view lost."""
+        plan = Plan(
+            cut=self.cut,
+            summary=self.summary,
+            edits={p: e for p, e in self.edits.items() if p >= self.cut},
+            covered=max(self.plan.covered, len(self.ctx.chain)),
+        )
+        lost = lost_anchors(self.messages, plan, self.ctx)
+        self.anchor_block = anchor_block(lost, self.anchor_cap, self.ctx.counter)
+        self.header = self.header_cost(self.summary)
+        self._lost.clear()
+        self._lost_tokens = 0
+        return replace(plan, anchor_block=self.anchor_block)
+
+    def cap_anchors(self, tokens: int) -> None:
+        """Allow the anchor block only `tokens` tokens: fitting wins over anchors."""
+        self.anchor_cap = min(self.anchor_cap, tokens)
+        self._touched = True
+
+    def outcome(self, layer: str, detail: str = "") -> tuple[Plan, list[Decision]]:
+        """The new plan and the decision, or the given plan unchanged when nothing changed."""
+        if not self.changed and not self._touched:
+            return self.plan, []
+        plan = self.finish()
+        return plan, [self.decision(layer, detail)]
+
+    def decision(self, layer: str, detail: str = "") -> Decision:
+        positions = tuple(sorted(set(self.changed)))
+        return Decision(layer, positions, self.tokens_before, self.tokens, detail)
+
+    def header_cost(self, summary: Summary | None) -> int:
+        """Tokens of the header message with `summary` and the current anchor block."""
+        header = header_message(summary, self.anchor_block, self.ctx.summary_role)
+        return 0 if header is None else self.ctx.counter.message(header)
+
+    def _lose(self, position: int, still_visible: str) -> None:
+        for anchor in self.ctx.anchor_matches(position):
+            if anchor in self._lost or anchor in still_visible:
+                continue
+            if self.anchor_block is not None and anchor in self.anchor_block.split("\n"):
+                continue
+            self._lost[anchor] = None
+            self._lost_tokens += self.ctx.counter.text(anchor) + 1

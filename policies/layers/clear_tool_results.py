@@ -1,0 +1,82 @@
+"""clear_tool_results: old tool results, and large old images and documents, become placeholders.
+
+Seed 004's MicroCompact. The oldest go first, until the view is at the target; the newest
+`keep_last` results before the current turn and the current turn's are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.context import Context
+from policies.counting import media_tokens
+from policies.decision import Decision
+from policies.draft import Draft
+from policies.message import Message
+from policies.plan import Plan
+
+
+@dataclass(frozen=True)
+class ClearToolResultsParams:
+    keep_last: int = 5
+    placeholder: str = "[Old tool result content cleared]"
+    allow_tools: tuple[str, ...] | None = None  # None: results of every tool may be cleared
+    deny_tools: tuple[str, ...] = ()
+    media_max_tokens: int = 2000
+    media_placeholder: str = "[Old image or document cleared]"
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 0 or self.media_max_tokens < 0:
+            raise ValueError("keep_last and media_max_tokens must not be negative")
+
+
+def clear_tool_results(
+    messages: Sequence[Message], plan: Plan, ctx: Context, params: ClearToolResultsParams
+) -> tuple[Plan, list[Decision]]:
+    draft = Draft(messages, plan, ctx)
+    results = [p for p in range(len(ctx.chain)) if _is_tool(ctx.chain[p]) and not ctx.in_turn(p)]
+    kept = set(results[len(results) - params.keep_last :] if params.keep_last else ())
+    counts = {"results": 0, "media": 0}
+    for position, message in draft.candidates(range(draft.cut, len(ctx.chain))):
+        if not draft.over():
+            break
+        if _is_tool(message) and position not in kept and _clearable(message, ctx, params):
+            edit, kind = {**message, "content": params.placeholder}, "results"
+        else:
+            edit, kind = _without_media(message, params), "media"
+        if edit is not message and ctx.counter.message(edit) < draft.tokens_at(position):
+            draft.set(position, edit)
+            counts[kind] += 1
+    detail = f"{counts['results']} results, {counts['media']} messages with media"
+    return draft.outcome("clear_tool_results", detail)
+
+
+def _is_tool(message: Message) -> bool:
+    return message.get("role") == "tool"
+
+
+def _clearable(message: Message, ctx: Context, params: ClearToolResultsParams) -> bool:
+    if message.get("content") == params.placeholder:
+        return False
+    name = ctx.tool_names.get(str(message.get("tool_call_id")), message.get("name"))
+    if name in params.deny_tools:
+        return False
+    return params.allow_tools is None or name in params.allow_tools
+
+
+def _without_media(message: Message, params: ClearToolResultsParams) -> Message:
+    """The message with its images and documents over the size replaced by a placeholder."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    placeholder = {"type": "text", "text": params.media_placeholder}
+    parts = [
+        placeholder
+        if isinstance(part, dict)
+        and part.get("type") in ("image_url", "file")
+        and media_tokens(part) > params.media_max_tokens
+        else part
+        for part in content
+    ]
+    return {**message, "content": parts} if parts != content else message

@@ -1,0 +1,113 @@
+"""The plan: a sticky, storable rewrite of one branch of a session's history, and its view."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.conversation import is_system
+from policies.message import Message
+from policies.summary import Summary
+
+SUMMARY_HEADING = (
+    "[Summary of the earlier conversation. The original messages were replaced by this "
+    "summary to fit the context window.]"
+)
+DIGEST_HEADING = (
+    "[Digest of the earlier conversation, extracted mechanically. The original messages "
+    "were removed to fit the context window.]"
+)
+ANCHOR_HEADING = "[Kept verbatim from removed messages:]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one branch of a conversation is rewritten, by chain position.
+
+    Chain positions index the non-system messages. Positions before `cut` are replaced by
+    `summary`; `edits` replace (or, with None, drop) later messages; `covered` is how many
+    chain positions the plan was computed over. The empty plan changes nothing.
+    """
+
+    cut: int = 0
+    summary: Summary | None = None
+    edits: Mapping[int, Message | None] = field(default_factory=dict)
+    anchor_block: str | None = None
+    covered: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form (edit keys become strings)."""
+        return {
+            "cut": self.cut,
+            "summary": None
+            if self.summary is None
+            else {"text": self.summary.text, "kind": self.summary.kind},
+            "edits": {str(position): edit for position, edit in self.edits.items()},
+            "anchor_block": self.anchor_block,
+            "covered": self.covered,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """The plan of `to_dict`; ValueError when the data is not one."""
+        try:
+            summary = data["summary"]
+            plan = cls(
+                cut=int(data["cut"]),
+                summary=None if summary is None else Summary(str(summary["text"]), summary["kind"]),
+                edits={int(k): v for k, v in data["edits"].items()},
+                anchor_block=data["anchor_block"],
+                covered=int(data["covered"]),
+            )
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"not a plan: {error!r}") from error
+        if plan.summary is not None and plan.summary.kind not in ("llm", "digest"):
+            raise ValueError(f"not a plan: summary kind {plan.summary.kind!r}")
+        if not all(edit is None or isinstance(edit, dict) for edit in plan.edits.values()):
+            raise ValueError("not a plan: an edit is neither a message nor null")
+        if plan.anchor_block is not None and not isinstance(plan.anchor_block, str):
+            raise ValueError("not a plan: anchor_block is not text")
+        return plan
+
+
+def header_message(
+    summary: Summary | None, anchor_block: str | None, role: str = "user"
+) -> Message | None:
+    """The one message standing for the evicted prefix: summary and anchor block."""
+    sections = []
+    if summary is not None:
+        heading = SUMMARY_HEADING if summary.kind == "llm" else DIGEST_HEADING
+        sections.append(f"{heading}\n{summary.text}")
+    if anchor_block is not None:
+        sections.append(f"{ANCHOR_HEADING}\n{anchor_block}")
+    return {"role": role, "content": "\n\n".join(sections)} if sections else None
+
+
+def render(messages: Sequence[Message], plan: Plan, *, summary_role: str = "user") -> list[Message]:
+    """The view that is forwarded: `messages` rewritten by `plan`.
+
+    System messages stay verbatim and in order; those inside the evicted prefix move before
+    the header message, which stands where the kept part of the chain begins.
+    """
+    header = header_message(plan.summary, plan.anchor_block, summary_role)
+    if header is None and plan.cut == 0 and not plan.edits:
+        return list(messages)
+    view: list[Message] = []
+    position = 0
+    for message in messages:
+        if is_system(message):
+            view.append(message)
+            continue
+        position += 1
+        if position <= plan.cut:
+            continue
+        if header is not None:
+            view.append(header)
+            header = None
+        edit = plan.edits.get(position - 1, message)
+        if edit is not None:
+            view.append(edit)
+    if header is not None:
+        view.append(header)
+    return view

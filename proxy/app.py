@@ -1,0 +1,192 @@
+"""The ASGI application, built by a factory with its store and HTTP client injectable."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .chat import ChatHandler
+from .compactor import Compactor
+from .config import Config
+from .errors import NotFound, ProxyError, error_body
+from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .requests import read_body
+from .store import SessionStore, open_store
+from .streaming import Relay
+from .tenants import Tenants
+from .tokens import configure_offline_encodings
+from .upstream import StreamBroken, UpstreamClient, body_chunks, relayable
+
+log = logging.getLogger("compaction_proxy")
+
+Handler = Callable[[Request], Awaitable[ASGIApp]]
+
+
+def error_response(exc: ProxyError) -> Response:
+    return Response(exc.body(), status_code=exc.status_code, media_type="application/json")
+
+
+class Proxy:
+    """The proxy's parts, and its endpoints as methods."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: SessionStore,
+        client: UpstreamClient,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.client = client
+        self.metrics = metrics
+        self.tenants = Tenants(config.auth)
+        self.compactor = Compactor(config, store, metrics)
+        self.chat = ChatHandler(config, self.tenants, client, self.compactor, metrics)
+        drop = {config.sessions.header.lower(), config.sessions.policy_header.lower()}
+        if self.tenants.enforced:
+            drop.add(config.auth.header.lower())
+        self._drop = frozenset(drop)
+
+    async def passthrough(self, request: Request) -> ASGIApp:
+        """Any other /v1/* call: forwarded to the default upstream untouched."""
+        self.tenants.tenant(request.headers)
+        upstream = self.config.upstreams[self.config.default_upstream]
+        body = await read_body(request, self.config.listen.max_body_bytes)
+        path = request.url.path.removeprefix("/v1")
+        headers = relayable(request.headers.items(), self._drop)
+        response = await self.client.open(
+            upstream, request.method, path, request.url.query, headers, body or None
+        )
+        self.metrics.requests.labels("passthrough", str(response.status)).inc()
+
+        def on_end(tail: bytes, outcome: str) -> None:
+            response.release() if outcome == "complete" else response.close()
+
+        chunks = body_chunks(response, upstream.timeouts.stream_idle)
+        return Relay(response.status, relayable(response.headers.items()), chunks, on_end)
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        ready = await self.store.ping()
+        body = {"status": "ready" if ready else "degraded", "store": "ok" if ready else "unavailable"}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def not_found(self, request: Request) -> ASGIApp:
+        raise NotFound(f"Invalid URL ({request.method} {request.url.path})")
+
+
+def guarded(handler: Handler, metrics: Metrics) -> Callable[[Request], Awaitable[ASGIApp]]:
+    """Every failure becomes a clear error in OpenAI's shape; never a traceback to the client."""
+
+    async def endpoint(request: Request) -> ASGIApp:
+        try:
+            return await handler(request)
+        except ProxyError as exc:
+            metrics.requests.labels("error", str(exc.status_code)).inc()
+            return error_response(exc)
+        except StreamBroken:
+            metrics.requests.labels("error", "502").inc()
+            return Response(
+                error_body("the upstream broke off its answer", "upstream_error"), status_code=502
+            )
+        except Exception as exc:
+            log.exception("unexpected error", extra={"error": type(exc).__name__})
+            metrics.requests.labels("error", "500").inc()
+            return Response(
+                error_body("The proxy failed to handle this request.", "server_error"),
+                status_code=500,
+                media_type="application/json",
+            )
+
+    return endpoint
+
+
+class _Endpoint:
+    """Adapts a handler that returns any ASGI app (a Response or a Relay) to a route."""
+
+    def __init__(self, handler: Callable[[Request], Awaitable[ASGIApp]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = await self.handler(Request(scope, receive, send))
+        await app(scope, receive, send)
+
+
+ANY = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def create_app(
+    config: Config,
+    *,
+    store: SessionStore | None = None,
+    client: UpstreamClient | None = None,
+    metrics: Metrics | None = None,
+) -> Starlette:
+    """Build the app. Parts not given are made from the config and closed on shutdown."""
+    configure_offline_encodings()
+    owns_store = store is None
+    owns_client = client is None
+    store = store or open_store(
+        config.store.url,
+        ttl_seconds=config.store.ttl_seconds,
+        key_prefix=config.store.key_prefix,
+        timeout_seconds=config.store.timeout_seconds,
+        max_sessions=config.store.max_sessions,
+    )
+    client = client or UpstreamClient()
+    metrics = metrics or Metrics()
+    proxy = Proxy(config, store, client, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        proxy.compactor.warm_up()
+        yield
+        if owns_client:
+            await client.close()
+        if owns_store:
+            await store.close()
+
+    def route(path: str, handler: Handler, methods: list[str]) -> Route:
+        return Route(path, _Endpoint(guarded(handler, metrics)), methods=methods)
+
+    routes = [
+        route("/v1/chat/completions", proxy.chat, ["POST"]),
+        route("/v1/{path:path}", proxy.passthrough, ANY),
+        Route("/healthz", proxy.healthz, methods=["GET"]),
+        Route("/readyz", proxy.readyz, methods=["GET"]),
+        Route("/metrics", proxy.metrics_endpoint, methods=["GET"]),
+        route("/{path:path}", proxy.not_found, ANY),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.proxy = proxy
+    return app
+
+
+def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.Config:
+    """uvicorn's settings for the proxy: uvloop and httptools when installed, and the
+    upstream's own Date and Server headers relayed instead of uvicorn's."""
+    options: dict[str, object] = {
+        "host": config.listen.host,
+        "port": config.listen.port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
+        "lifespan": "on",
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""Prometheus metrics, one registry per app so that several apps can live in one process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+_TOKEN_BUCKETS = tuple(2**i for i in range(8, 22))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "compaction_proxy_requests",
+            "Requests handled, by route kind and status code.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "compaction_proxy_compaction_actions",
+            "Chat completions by what the proxy did to the conversation.",
+            ["action"],
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "compaction_proxy_upstream_first_byte_seconds",
+            "Time from sending upstream to the upstream's response head.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "compaction_proxy_overhead_seconds",
+            "Time the proxy spent on a chat request before forwarding it.",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.tokens_before = Histogram(
+            "compaction_proxy_tokens_before",
+            "Prompt tokens of incoming chat requests (proxy count).",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tokens_after = Histogram(
+            "compaction_proxy_tokens_after",
+            "Prompt tokens forwarded upstream (proxy count).",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "compaction_proxy_store_errors",
+            "Session store operations that failed (the request was served fail-open).",
+            ["operation"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "compaction_proxy_upstream_errors",
+            "Upstream failures seen by the proxy.",
+            ["kind"],
+            registry=r,
+        )
+        self.summaries = Counter(
+            "compaction_proxy_summaries",
+            "Summarizer calls by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

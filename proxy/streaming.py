@@ -1,0 +1,98 @@
+"""Relaying an upstream body to the client as it arrives.
+
+The bytes go out unchanged, chunk by chunk, with no buffering. While relaying, the client's
+disconnect is watched so that the upstream request is cancelled at once (no leaked
+connections), even when the upstream is silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from .upstream import StreamBroken
+
+log = logging.getLogger("compaction_proxy")
+
+TAIL_BYTES = 16 * 1024
+
+
+class Relay:
+    """An ASGI response that relays `chunks`; `on_end(tail, outcome)` runs when it is over.
+
+    `tail` is the last few KiB of the body (the usage chunk of a stream is there), `outcome`
+    one of "complete", "client_disconnected" or "upstream_broken".
+    """
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        chunks: AsyncIterator[bytes],
+        on_end: Callable[[bytes, str], None],
+    ) -> None:
+        self.status = status
+        self.headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+        self.chunks = chunks
+        self.on_end = on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tail = bytearray()
+        pump = asyncio.ensure_future(self._pump(send, tail))
+        watch = asyncio.ensure_future(_until_disconnect(receive))
+        done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+        outcome = "client_disconnected"
+        if pump in done:
+            watch.cancel()
+            outcome = pump.result()
+        else:
+            pump.cancel()
+            try:
+                await pump
+            except (asyncio.CancelledError, OSError):
+                pass
+        aclose = getattr(self.chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self.on_end(bytes(tail), outcome)
+
+    async def _pump(self, send: Send, tail: bytearray) -> str:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        outcome = "complete"
+        try:
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail += chunk
+                if len(tail) > TAIL_BYTES:
+                    del tail[: len(tail) - TAIL_BYTES]
+        except StreamBroken as exc:
+            # Nothing is invented after a failure: the stream just ends, without [DONE].
+            log.warning("upstream stream broken", extra={"reason": str(exc)})
+            outcome = "upstream_broken"
+        except OSError:
+            return "client_disconnected"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return outcome
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def usage_from_sse(tail: bytes) -> dict[str, object] | None:
+    """The `usage` of the last SSE event that carries one, if any."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                event = orjson.loads(line[5:].strip())
+            except orjson.JSONDecodeError:
+                continue
+            usage = event.get("usage") if isinstance(event, dict) else None
+            if isinstance(usage, dict):
+                return usage
+    return None

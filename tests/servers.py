@@ -1,0 +1,57 @@
+"""Real servers on loopback for the tests: the proxy under uvicorn in a background thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from proxy.app import create_app, server_config
+from proxy.config import Config
+
+
+def proxy_server(config: Config, **kwargs: object) -> ServerThread:
+    """The proxy built from `config`, served as `compaction-proxy serve` would serve it."""
+    app = create_app(config, **kwargs)  # type: ignore[arg-type]
+    return ServerThread(app, server_config(app, config))
+
+
+class ServerThread:
+    """Runs an ASGI app with uvicorn on 127.0.0.1 on a free port, in its own thread and loop."""
+
+    def __init__(self, app: ASGIApp, config: uvicorn.Config | None = None) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        config = config or uvicorn.Config(app, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self.thread.daemon = True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
