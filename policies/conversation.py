@@ -56,7 +56,11 @@ def current_turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
     if last is None:
         return len(messages)
     if messages[last].get("role") == "tool":
-        return next((b.start for b in tool_blocks(messages) if last in b), last)
+        start = last
+        while start > 0 and messages[start - 1].get("role") == "tool":
+            start -= 1
+        calling = start > 0 and messages[start - 1].get("role") == "assistant"
+        return start - 1 if calling and tool_calls(messages[start - 1]) else start
     return _last_user(messages, len(messages)) or 0
 
 
@@ -67,8 +71,10 @@ def current_turn(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     task) before it; the loop's older tool blocks are not part of the turn.
     """
     start = current_turn_start(messages)
-    task = _last_user(messages, start)
     tail = [i for i in range(start, len(messages)) if not is_system(messages[i])]
+    if not tail or messages[start].get("role") == "user":
+        return tail
+    task = _last_user(messages, start)
     return tail if task is None else [task, *tail]
 
 

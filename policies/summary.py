@@ -24,13 +24,17 @@ class SummaryRequest:
     """What the summarizer is asked: roll `evicted` into `previous`, in `max_tokens` at most.
 
     `evicted` are the newly evicted messages as they looked in the view, media parts as
-    `[image]`-like labels.
+    `[image]`-like labels; `positions` their chain positions, within [start, end), the chain
+    range this summary will stand for together with `previous` (which stood for [0, start)).
     """
 
     previous: Summary | None
     evicted: list[Message]
     max_tokens: int
     instructions: str | None
+    start: int = 0
+    end: int = 0
+    positions: tuple[int, ...] = ()
 
 
 Summarizer = Callable[[SummaryRequest], Awaitable[str]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,9 +11,10 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .admin import Admin
 from .chat import ChatHandler
 from .compactor import Compactor
 from .config import Config
@@ -20,7 +22,7 @@ from .errors import NotFound, ProxyError, error_body
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .requests import read_body
 from .store import SessionStore, open_store
-from .streaming import Relay
+from .streaming import Relay, until_disconnect
 from .tenants import Tenants
 from .tokens import configure_offline_encodings
 from .upstream import StreamBroken, UpstreamClient, body_chunks, relayable
@@ -49,7 +51,7 @@ class Proxy:
         self.client = client
         self.metrics = metrics
         self.tenants = Tenants(config.auth)
-        self.compactor = Compactor(config, store, metrics)
+        self.compactor = Compactor(config, store, client, metrics)
         self.chat = ChatHandler(config, self.tenants, client, self.compactor, metrics)
         drop = {config.sessions.header.lower(), config.sessions.policy_header.lower()}
         if self.tenants.enforced:
@@ -79,7 +81,10 @@ class Proxy:
 
     async def readyz(self, request: Request) -> Response:
         ready = await self.store.ping()
-        body = {"status": "ready" if ready else "degraded", "store": "ok" if ready else "unavailable"}
+        body = {
+            "status": "ready" if ready else "degraded",
+            "store": "ok" if ready else "unavailable",
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -116,14 +121,40 @@ def guarded(handler: Handler, metrics: Metrics) -> Callable[[Request], Awaitable
 
 
 class _Endpoint:
-    """Adapts a handler that returns any ASGI app (a Response or a Relay) to a route."""
+    """Adapts a handler that returns any ASGI app (a Response or a Relay) to a route.
+
+    Once the request body is in, a client that goes away cancels the handler, and with it the
+    upstream request it waits on: an upstream that hangs before its first byte is not left
+    holding a connection until the first-byte timeout.
+    """
 
     def __init__(self, handler: Callable[[Request], Awaitable[ASGIApp]]) -> None:
         self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        app = await self.handler(Request(scope, receive, send))
-        await app(scope, receive, send)
+        body_read = asyncio.Event()
+
+        async def receive_body() -> Message:
+            message = await receive()
+            if not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        handler = asyncio.ensure_future(self.handler(Request(scope, receive_body, send)))
+        watch = asyncio.ensure_future(_disconnect_after(body_read, receive))
+        await asyncio.wait((handler, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not handler.done():
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await handler
+            return  # nobody is left to answer
+        watch.cancel()
+        await handler.result()(scope, receive, send)
+
+
+async def _disconnect_after(body_read: asyncio.Event, receive: Receive) -> None:
+    await body_read.wait()
+    await until_disconnect(receive)
 
 
 ANY = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -155,6 +186,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         proxy.compactor.warm_up()
         yield
+        await proxy.compactor.close()
         if owns_client:
             await client.close()
         if owns_store:
@@ -163,14 +195,16 @@ def create_app(
     def route(path: str, handler: Handler, methods: list[str]) -> Route:
         return Route(path, _Endpoint(guarded(handler, metrics)), methods=methods)
 
-    routes = [
+    routes: list[BaseRoute] = [
         route("/v1/chat/completions", proxy.chat, ["POST"]),
         route("/v1/{path:path}", proxy.passthrough, ANY),
         Route("/healthz", proxy.healthz, methods=["GET"]),
         Route("/readyz", proxy.readyz, methods=["GET"]),
         Route("/metrics", proxy.metrics_endpoint, methods=["GET"]),
-        route("/{path:path}", proxy.not_found, ANY),
     ]
+    if config.admin.token:
+        routes += Admin(config.admin.token, store).routes()
+    routes.append(route("/{path:path}", proxy.not_found, ANY))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.proxy = proxy
     return app

@@ -18,14 +18,14 @@ from starlette.types import ASGIApp
 
 from .compactor import Chat, Compactor, Forward
 from .config import Config
-from .errors import ContextLengthExceeded, ProxyError, UpstreamUnreachable
+from .errors import UpstreamUnreachable
 from .metrics import Metrics
 from .requests import max_output_requested, parse_chat, read_body, wants_usage
 from .sessions import session_id
 from .streaming import Relay, usage_from_sse
 from .tenants import Tenants
-from .upstream import StreamBroken, UpstreamClient, read_body as read_upstream_body, relayable
-from .upstream import body_chunks
+from .upstream import StreamBroken, UpstreamClient, body_chunks, relayable
+from .upstream import read_body as read_upstream_body
 
 log = logging.getLogger("compaction_proxy")
 
@@ -68,6 +68,7 @@ class ChatHandler:
             body=body,
             raw=raw,
             policy=policy,
+            upstream=upstream,
             max_output=max_output_requested(body),
             credential=request.headers.get("authorization"),
         )
@@ -161,7 +162,7 @@ class ChatHandler:
         log.info(
             "chat completion",
             extra={
-                "session": forward.session_hash[:12],
+                "session": forward.session_hash[:16],
                 "status": status,
                 "action": forward.action,
                 "store": forward.store,
@@ -186,6 +187,3 @@ def _usage_of(payload: bytes) -> dict[str, Any] | None:
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return usage if isinstance(usage, dict) else None
-
-
-__all__ = ["ChatHandler", "ContextLengthExceeded", "ProxyError"]

@@ -1,28 +1,40 @@
-"""Wiring the pure compaction pipeline (`policies/`) to a request.
+"""Wiring the pure compaction pipeline (`policies/`) to a request and its session.
 
-Count the conversation, work out the budget, compact when it is at or over the policy's
-`compact_at` level, and say what was done. Nothing here touches the network.
+Each request: find the session's plan for this branch of the history, apply it (the view
+only grows at its end between compactions, so providers' prompt caches keep hitting),
+compact when the view reaches `compact_at`, and prepare the next summary in the background
+when it reaches `prepare_at`. The store is never required: when it fails, the request is
+compacted from itself alone (fail open).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any
 
 import orjson
 
 import policies
+from policies.memory import memory_candidates
 
-from .config import Config, Policy
-from .errors import ContextLengthExceeded
+from .config import Config, Policy, Upstream
+from .errors import ContextLengthExceeded, StoreUnavailableError
 from .metrics import Metrics
 from .models import ModelCatalog
+from .state import Branch, Prepared, SessionState, decision_record
 from .store import SessionStore, StoreUnavailable, session_key
+from .summarizer import Cooldowns, LLMSummarizer, text_hash
 from .tokens import TokenCounter, counter_for
+from .upstream import UpstreamClient
 
 log = logging.getLogger("compaction_proxy")
+
+CAS_ATTEMPTS = 3
+LOCK_POLL_SECONDS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +47,18 @@ class Chat:
     body: dict[str, Any]
     raw: bytes
     policy: Policy
+    upstream: Upstream
     max_output: int | None
-    credential: str | None
+    credential: str | None  # for the summarizer of this request only; never stored
 
     @functools.cached_property
     def key(self) -> str:
         return session_key(self.tenant, self.session)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.body["messages"]
+        return messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +77,7 @@ class Forward:
 
     def headers(self) -> list[tuple[str, str]]:
         headers = [
-            ("x-compaction-session", self.session_hash[:16]),
+            ("x-compaction-session", self.session_hash),
             ("x-compaction-action", self.action),
             ("x-compaction-store", self.store),
             ("x-compaction-tokens-before", str(self.tokens_before)),
@@ -77,18 +95,55 @@ class Limits:
     counter: TokenCounter
 
 
+@dataclasses.dataclass
+class Loaded:
+    """The session's state as read, and whether the store answered."""
+
+    state: SessionState
+    version: int
+    store: str
+
+
+@dataclasses.dataclass
+class Turn:
+    """Everything one request's compaction decisions are made from."""
+
+    chat: Chat
+    limits: Limits
+    budget: policies.Budget
+    fixed: int
+    hashes: list[str]
+    loaded: Loaded
+    branch: Branch | None
+
+    @property
+    def plan(self) -> policies.Plan:
+        return self.branch.plan if self.branch else policies.Plan()
+
+
 class Compactor:
-    def __init__(self, config: Config, store: SessionStore, metrics: Metrics) -> None:
+    def __init__(
+        self, config: Config, store: SessionStore, client: UpstreamClient, metrics: Metrics
+    ) -> None:
         self.config = config
         self.store = store
+        self.client = client
         self.metrics = metrics
         self.catalog = ModelCatalog()
+        self.cooldowns = Cooldowns()
         self._limits: dict[str, Limits] = {}
+        self._calibration: dict[str, float] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     def warm_up(self) -> None:
         """Load the tokenizers and the model map now rather than on the first request."""
         for model in ("gpt-4o", "gpt-4"):
             self.limits(model).counter.text("warm up")
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     def limits(self, model: str) -> Limits:
         """The model's window, max output and token counter (memoised per model name)."""
@@ -108,9 +163,49 @@ class Compactor:
                 self._limits[model] = found
         return found
 
-    def budget(self, chat: Chat, limits: Limits) -> policies.Budget:
+    # -- the request path ---------------------------------------------------------------
+
+    async def prepare(self, chat: Chat) -> Forward:
+        turn = await self._turn(chat)
+        messages = chat.messages
+        counter = turn.limits.counter
+        tokens_before = counter.count(messages, fixed=turn.fixed)
+        view = self._view(turn)
+        tokens = tokens_before if view is messages else counter.count(view, fixed=turn.fixed)
+        pending = turn.loaded.state.pending
+        if self._calibrated(turn, tokens) >= turn.budget.compact_tokens or pending is not None:
+            return await self._compact(turn, tokens_before, pending, None)
+        if self._calibrated(turn, tokens) >= turn.budget.prepare_tokens:
+            self._prepare_ahead(turn, tokens)
+        if view is messages:
+            return Forward(chat.raw, chat.key, "none", turn.loaded.store, tokens, tokens)
+        body = orjson.dumps({**chat.body, "messages": view})
+        return Forward(body, chat.key, "replayed", turn.loaded.store, tokens_before, tokens)
+
+    async def retry_harder(self, chat: Chat, previous: Forward) -> Forward:
+        """The upstream said the prompt is too long: compact to half the target, once."""
+        turn = await self._turn(chat)
+        target = max(1, min(turn.budget.target_tokens, previous.tokens_after) // 2)
+        forward = await self._compact(turn, previous.tokens_before, None, target)
+        return dataclasses.replace(forward, can_retry=False)
+
+    def observe_usage(self, chat: Chat, forward: Forward, usage: dict[str, Any] | None) -> None:
+        """Calibrate the counter by the upstream's own count of what was forwarded."""
+        prompt = usage.get("prompt_tokens") if usage else None
+        if not isinstance(prompt, int) or prompt <= 0 or forward.tokens_after <= 0:
+            return
+        ratio = min(2.0, max(0.5, prompt / forward.tokens_after))
+        old = self._calibration.get(chat.key)
+        if old is None and len(self._calibration) >= 100_000:
+            self._calibration.pop(next(iter(self._calibration)))
+        self._calibration[chat.key] = ratio if old is None else 0.5 * old + 0.5 * ratio
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def _turn(self, chat: Chat) -> Turn:
+        limits = self.limits(chat.model)
         policy = chat.policy
-        return policies.make_budget(
+        budget = policies.make_budget(
             window=limits.window,
             model_max_output=limits.max_output,
             request_max_tokens=chat.max_output,
@@ -120,85 +215,310 @@ class Compactor:
             compact_at=policy.compact_at,
             target=policy.target,
         )
-
-    async def prepare(self, chat: Chat) -> Forward:
-        store = await self._probe_store(chat)
-        limits = self.limits(chat.model)
-        budget = self.budget(chat, limits)
-        messages: list[dict[str, Any]] = chat.body["messages"]
+        hashes = policies.chain_hashes(chat.messages)
+        loaded = await self._load(chat.key)
         fixed = limits.counter.fixed(chat.body)
-        tokens = limits.counter.count(messages, fixed=fixed)
-        if tokens < budget.compact_tokens:
-            return Forward(chat.raw, chat.key, "none", store, tokens, tokens)
-        return await self._compact(chat, limits, budget, store, tokens, None)
+        return Turn(chat, limits, budget, fixed, hashes, loaded, loaded.state.branch(hashes))
 
-    async def retry_harder(self, chat: Chat, previous: Forward) -> Forward:
-        """The upstream said the prompt is too long: compact to half the target, once."""
-        limits = self.limits(chat.model)
-        budget = self.budget(chat, limits)
-        forward = await self._compact(
-            chat,
-            limits,
-            budget,
-            previous.store,
-            previous.tokens_before,
-            max(1, min(budget.target_tokens, previous.tokens_after) // 2),
-        )
-        return dataclasses.replace(forward, can_retry=False)
+    def _view(self, turn: Turn) -> list[dict[str, Any]]:
+        if turn.branch is None:
+            return turn.chat.messages
+        role = turn.chat.policy.compaction.summary_role
+        return policies.render(turn.chat.messages, turn.plan, summary_role=role)
+
+    def _calibrated(self, turn: Turn, tokens: int) -> float:
+        ratio = self._calibration.get(turn.chat.key) or turn.loaded.state.calibration or 1.0
+        return tokens * ratio
 
     async def _compact(
-        self,
-        chat: Chat,
-        limits: Limits,
-        budget: policies.Budget,
-        store: str,
-        tokens: int,
-        target: int | None,
+        self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None
     ) -> Forward:
-        messages: list[dict[str, Any]] = chat.body["messages"]
-        fixed = limits.counter.fixed(chat.body)
-        result = await policies.compact(
-            messages,
-            policies.Plan(),
-            budget=budget,
-            params=chat.policy.compaction,
-            counter=limits.counter,
-            fixed_tokens=fixed,
-            target_tokens=target,
-        )
-        if not result.fits and limits.counter.mode == "exact":
-            raise ContextLengthExceeded(_overflow_message(limits, budget, result), param="messages")
+        chat = turn.chat
+        fence = await self._lock(turn)
+        if fence is False:
+            # Another request of this session is compacting right now: wait for its plan.
+            replayed = await self._after_other(turn, tokens_before)
+            if replayed is not None:
+                return replayed
+            fence = None
+        try:
+            result = await policies.compact(
+                chat.messages,
+                turn.plan,
+                budget=turn.budget,
+                params=chat.policy.compaction,
+                counter=turn.limits.counter,
+                fixed_tokens=turn.fixed,
+                summarizer=self._summarizer(turn),
+                instructions=instructions or None,
+                target_tokens=target,
+            )
+            if not result.fits and turn.limits.counter.mode == "exact":
+                raise ContextLengthExceeded(_overflow_message(turn, result), param="messages")
+            if result.plan != turn.plan or instructions is not None:
+                await self._save(turn, result, fence)
+        finally:
+            if isinstance(fence, int):
+                await self._unlock(chat.key, fence)
         body = orjson.dumps({**chat.body, "messages": result.view})
         return Forward(
             body,
             chat.key,
             "degraded" if result.degraded else "compacted",
-            store,
-            tokens,
+            turn.loaded.store,
+            tokens_before,
             result.tokens_after,
-            tuple(result.decisions),
+            result.decisions,
             anchors_complete=result.anchors_complete,
         )
 
-    async def _probe_store(self, chat: Chat) -> str:
+    def _summarizer(self, turn: Turn) -> policies.Summarizer:
+        chat = turn.chat
+        settings = chat.policy.summarizer
+        upstream = self.config.upstreams[settings.upstream] if settings.upstream else chat.upstream
+        model = settings.model or chat.model
+        limits = self.limits(model)
+        llm = LLMSummarizer(
+            self.client,
+            upstream,
+            model,
+            settings,
+            credential=chat.credential,
+            counter=limits.counter,
+            window=limits.window,
+            metrics=self.metrics,
+            cooldowns=self.cooldowns,
+        )
+        prepared = turn.loaded.state.prepared
+        if prepared is None:
+            return llm
+        return functools.partial(_with_prepared, llm, prepared, turn.hashes, limits.counter)
+
+    # -- ahead of time --------------------------------------------------------------------
+
+    def _prepare_ahead(self, turn: Turn, tokens: int) -> None:
+        """Summarise in the background what the next compaction will most likely evict."""
+        state = turn.loaded.state
+        if turn.loaded.store != "ok" or _prepared_for(state.prepared, turn):
+            return
+        if any(task.get_name() == turn.chat.key for task in self._background):
+            return
+        task = asyncio.create_task(self._prepare(turn, tokens), name=turn.chat.key)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _prepare(self, turn: Turn, tokens: int) -> None:
+        fence = await self._lock(turn)
+        if not isinstance(fence, int):
+            return
         try:
-            await self.store.get(chat.key)
+            made: list[tuple[policies.SummaryRequest, str]] = []
+            llm = self._summarizer(dataclasses.replace(turn, loaded=_without_prepared(turn)))
+
+            async def recording(request: policies.SummaryRequest) -> str:
+                text = await llm(request)
+                made.append((request, text))
+                return text
+
+            # Evict as if the conversation had already grown to the compaction level.
+            ahead = turn.budget.compact_tokens - tokens
+            await policies.compact(
+                turn.chat.messages,
+                turn.plan,
+                budget=turn.budget,
+                params=turn.chat.policy.compaction,
+                counter=turn.limits.counter,
+                fixed_tokens=turn.fixed,
+                summarizer=recording,
+                target_tokens=max(1, turn.budget.target_tokens - ahead),
+            )
+            if made:
+                request, text = made[-1]
+                prepared = Prepared(
+                    start=request.start,
+                    end=request.end,
+                    chain=turn.hashes[request.end - 1],
+                    base=text_hash(made[0][0].previous),
+                    text=text,
+                )
+                await self._update(
+                    turn.chat.key,
+                    lambda s: dataclasses.replace(s, prepared=prepared),
+                    fence,
+                )
+        except Exception as exc:  # a background failure must never surface
+            log.warning("summary ahead of time failed", extra={"error": type(exc).__name__})
+        finally:
+            await self._unlock(turn.chat.key, fence)
+
+    # -- the store ------------------------------------------------------------------------
+
+    async def _load(self, key: str) -> Loaded:
+        try:
+            record = await self.store.get(key)
         except StoreUnavailable:
-            self.metrics.store_errors.labels("get").inc()
-            return "unavailable"
-        return "ok"
+            return self._store_failed("get")
+        if record is None:
+            return Loaded(SessionState(), 0, "ok")
+        try:
+            return Loaded(SessionState.from_bytes(record.data), record.version, "ok")
+        except ValueError:
+            log.warning("corrupt session state replaced", extra={"session": key[:12]})
+            return Loaded(SessionState(), record.version, "ok")
 
-    def observe_usage(self, chat: Chat, forward: Forward, usage: dict[str, Any] | None) -> None:
-        """Calibration from the upstream's own count (issue 4 builds on this)."""
+    def _store_failed(self, operation: str) -> Loaded:
+        self.metrics.store_errors.labels(operation).inc()
+        if not self.config.store.fail_open:
+            raise StoreUnavailableError("the session store is unavailable")
+        log.warning("session store unavailable, serving fail-open", extra={"op": operation})
+        return Loaded(SessionState(), 0, "unavailable")
+
+    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> None:
+        chat = turn.chat
+        old, new = turn.plan, result.plan
+        chain = [m for m in chat.messages if not policies.is_system(m)]
+        evicted = chain[old.cut : new.cut] + [
+            chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
+        ]
+        branch = Branch(new, turn.hashes[new.covered - 1], time.time())
+        calibration = self._calibration.get(chat.key)
+        max_branches = self.config.store.max_branches
+
+        def apply(state: SessionState) -> SessionState:
+            state = state.with_branch(branch, turn.hashes, max_branches)
+            state = state.with_decisions([decision_record(d) for d in result.decisions])
+            state = state.with_memory(memory_candidates(evicted))
+            return dataclasses.replace(
+                state,
+                pending=None,
+                prepared=None if new.cut != old.cut else state.prepared,
+                calibration=calibration or state.calibration,
+            )
+
+        await self._update(chat.key, apply, fence, turn.loaded)
+
+    async def _update(
+        self,
+        key: str,
+        change: Any,
+        fence: int | None,
+        loaded: Loaded | None = None,
+    ) -> bool:
+        """Compare-and-set `change(state)`, re-reading on a conflict (a capped number of times)."""
+        for _ in range(CAS_ATTEMPTS):
+            if loaded is None:
+                loaded = await self._load(key)
+            if loaded.store != "ok":
+                return False
+            data = change(loaded.state).to_bytes()
+            try:
+                written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
+            except StoreUnavailable:
+                self._store_failed("compare_and_set")
+                return False
+            if written is not None:
+                return True
+            loaded = None
+        log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
+        return False
+
+    async def _lock(self, turn: Turn) -> int | bool | None:
+        """A fencing token, False when another holds the lock, None without a store."""
+        if turn.loaded.store != "ok":
+            return None
+        ttl = _lock_ttl(turn.chat.policy)
+        try:
+            token = await self.store.acquire_lock(turn.chat.key, ttl)
+        except StoreUnavailable:
+            self._store_failed("lock")
+            return None
+        return False if token is None else token
+
+    async def _unlock(self, key: str, token: int) -> None:
+        try:
+            await self.store.release_lock(key, token)
+        except StoreUnavailable:
+            self._store_failed("unlock")
+
+    async def _after_other(self, turn: Turn, tokens_before: int) -> Forward | None:
+        """Wait (bounded) for the concurrent compaction of this session; replay its plan when
+        it covers this request, else None (this request then compacts by itself)."""
+        deadline = time.monotonic() + _lock_ttl(turn.chat.policy)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(LOCK_POLL_SECONDS)
+            loaded = await self._load(turn.chat.key)
+            if loaded.store != "ok":
+                return None
+            if loaded.version == turn.loaded.version:
+                continue
+            turn.loaded = loaded
+            turn.branch = loaded.state.branch(turn.hashes)
+            view = self._view(turn)
+            tokens = turn.limits.counter.count(view, fixed=turn.fixed)
+            if turn.branch is None or self._calibrated(turn, tokens) >= turn.budget.compact_tokens:
+                return None
+            body = orjson.dumps({**turn.chat.body, "messages": view})
+            return Forward(body, turn.chat.key, "replayed", "ok", tokens_before, tokens)
+        return None
 
 
-def _overflow_message(
-    limits: Limits, budget: policies.Budget, result: policies.Compaction
-) -> str:
+def _lock_ttl(policy: Policy) -> float:
+    settings = policy.summarizer
+    return settings.timeout_seconds * (settings.retries + 1) + 5
+
+
+def _prepared_for(prepared: Prepared | None, turn: Turn) -> bool:
+    """Whether a prepared summary already starts at this branch's cut and still applies."""
+    plan = turn.plan
     return (
-        f"This model's maximum context length is {limits.window} tokens. Even after compaction, "
-        f"the system messages and the current turn need {result.tokens_after} tokens, and "
-        f"{budget.reserved_output} are reserved for the output "
-        f"(limit {budget.limit} tokens for the prompt). Please shorten the current message "
-        "or the system prompt, or lower max_tokens."
+        prepared is not None
+        and prepared.start == plan.cut
+        and prepared.base == text_hash(plan.summary)
+        and prepared.end <= len(turn.hashes)
+        and turn.hashes[prepared.end - 1] == prepared.chain
+    )
+
+
+def _without_prepared(turn: Turn) -> Loaded:
+    return dataclasses.replace(
+        turn.loaded, state=dataclasses.replace(turn.loaded.state, prepared=None)
+    )
+
+
+async def _with_prepared(
+    llm: policies.Summarizer,
+    prepared: Prepared,
+    hashes: list[str],
+    counter: policies.Counter,
+    request: policies.SummaryRequest,
+) -> str:
+    """Use the summary made ahead of time when it covers the start of what is evicted now:
+    no LLM call on the request path; what lies past its end is rolled in as a digest."""
+    usable = (
+        request.start == prepared.start
+        and prepared.end <= request.end
+        and prepared.end <= len(hashes)
+        and hashes[prepared.end - 1] == prepared.chain
+        and text_hash(request.previous) == prepared.base
+    )
+    if not usable:
+        return await llm(request)
+    rest = [m for m, p in zip(request.evicted, request.positions, strict=True) if p >= prepared.end]
+    if not rest:
+        return prepared.text
+    room = request.max_tokens - counter.text(prepared.text)
+    if room <= 16:
+        return prepared.text
+    tail = policies.digest(None, rest, max_tokens=room, counter=counter)
+    return f"{prepared.text}\n\n{tail}"
+
+
+def _overflow_message(turn: Turn, result: policies.Compaction) -> str:
+    budget = turn.budget
+    return (
+        f"This model's maximum context length is {turn.limits.window} tokens. Even after "
+        f"compaction, the system messages and the current turn need {result.floor_tokens} "
+        f"tokens, and {budget.reserved_output} are reserved for the output, which leaves "
+        f"{budget.limit} tokens for the prompt. Please shorten the current message or the "
+        "system prompt, or lower max_tokens."
     )

@@ -102,7 +102,7 @@ class Policy:
     compact_at: float = 0.85
     target: float = 0.45
     summarizer: Summarizer = Summarizer()
-    compaction: policies.PolicyParams = policies.PolicyParams()
+    compaction: policies.PolicyParams = dataclasses.field(default_factory=policies.PolicyParams)
     name: str = dataclasses.field(default="", init=False)
 
 
@@ -168,7 +168,7 @@ class Config:
             if upstream["api_key"]:
                 upstream["api_key"] = "***"
         if data["admin"]["token"]:
-            data["admin"]["token"] = "***"
+            data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
         data["store"]["url"] = _mask_url(data["store"]["url"])
         return data
 
@@ -198,7 +198,11 @@ def _read_policy(data: Any, path: Path, source: Source) -> Policy:
     budget = {k: v for k, v in data.items() if k in own}
     rest = {k: v for k, v in data.items() if k not in own}
     compaction = build(
-        policies.PolicyParams, rest, path, source, {"layers": _read_layers, "anchors": _read_anchors}
+        policies.PolicyParams,
+        rest,
+        path,
+        source,
+        {"layers": _read_layers, "anchors": _read_anchors},
     )
     policy = build(Policy, budget, path, source, {})
     if policy is None or compaction is None:
@@ -348,14 +352,14 @@ def _check_open_relay(config: Config, source: Source) -> None:
                 f"api_key ({', '.join(passthrough)}) would get no credential: give them an "
                 "api_key or set auth.header to another header (e.g. X-Proxy-Key)",
             )
-    if holds_key and not config.auth.keys and not config.auth.allow_unauthenticated:
-        if not _is_loopback(config.listen.host):
-            source.problem(
-                ("auth",),
-                f"upstreams {', '.join(holds_key)} hold their own api_key and the proxy listens "
-                f"on {config.listen.host}: anyone who reaches it would spend that key. Configure "
-                "auth.keys, listen on 127.0.0.1, or set auth.allow_unauthenticated: true",
-            )
+    open_relay = holds_key and not config.auth.keys and not config.auth.allow_unauthenticated
+    if open_relay and not _is_loopback(config.listen.host):
+        source.problem(
+            ("auth",),
+            f"upstreams {', '.join(holds_key)} hold their own api_key and the proxy listens "
+            f"on {config.listen.host}: anyone who reaches it would spend that key. Configure "
+            "auth.keys, listen on 127.0.0.1, or set auth.allow_unauthenticated: true",
+        )
 
 
 def _is_loopback(host: str) -> bool:

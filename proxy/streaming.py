@@ -8,6 +8,7 @@ connections), even when the upstream is silent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -43,7 +44,7 @@ class Relay:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         tail = bytearray()
         pump = asyncio.ensure_future(self._pump(send, tail))
-        watch = asyncio.ensure_future(_until_disconnect(receive))
+        watch = asyncio.ensure_future(until_disconnect(receive))
         done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
         outcome = "client_disconnected"
         if pump in done:
@@ -51,10 +52,8 @@ class Relay:
             outcome = pump.result()
         else:
             pump.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, OSError):
                 await pump
-            except (asyncio.CancelledError, OSError):
-                pass
         aclose = getattr(self.chunks, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -62,7 +61,6 @@ class Relay:
 
     async def _pump(self, send: Send, tail: bytearray) -> str:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-        outcome = "complete"
         try:
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -70,16 +68,18 @@ class Relay:
                 if len(tail) > TAIL_BYTES:
                     del tail[: len(tail) - TAIL_BYTES]
         except StreamBroken as exc:
-            # Nothing is invented after a failure: the stream just ends, without [DONE].
+            # Nothing is invented after a failure: no [DONE], and no clean end of the body
+            # either. The server then drops the connection, so the client sees the break as
+            # it would have seen it from the upstream, not a short answer that looks complete.
             log.warning("upstream stream broken", extra={"reason": str(exc)})
-            outcome = "upstream_broken"
+            return "upstream_broken"
         except OSError:
             return "client_disconnected"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return outcome
+        return "complete"
 
 
-async def _until_disconnect(receive: Receive) -> None:
+async def until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 

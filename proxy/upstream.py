@@ -109,7 +109,9 @@ class UpstreamClient:
             ) from None
 
 
-async def body_chunks(response: aiohttp.ClientResponse, idle_timeout: float) -> AsyncIterator[bytes]:
+async def body_chunks(
+    response: aiohttp.ClientResponse, idle_timeout: float
+) -> AsyncIterator[bytes]:
     """The response body as it arrives; a stalled or broken stream raises StreamBroken."""
     try:
         while True:
@@ -125,8 +127,15 @@ async def body_chunks(response: aiohttp.ClientResponse, idle_timeout: float) -> 
 
 
 async def read_body(response: aiohttp.ClientResponse, idle_timeout: float) -> bytes:
-    """The whole response body; used for non-streamed answers and error bodies."""
-    return b"".join([chunk async for chunk in body_chunks(response, idle_timeout)])
+    """The whole response body; used for non-streamed answers and error bodies.
+
+    A broken or cancelled read closes the response, so its connection is not leaked.
+    """
+    try:
+        return b"".join([chunk async for chunk in body_chunks(response, idle_timeout)])
+    except BaseException:
+        response.close()
+        raise
 
 
 class StreamBroken(Exception):

@@ -20,11 +20,13 @@ from typing import Any
 from hypothesis import strategies as st
 
 from policies import (
+    Budget,
     ClearToolResultsParams,
     Message,
     content_text,
     current_turn,
     is_system,
+    make_budget,
     media_tokens,
     tool_pair_problems,
 )
@@ -321,3 +323,17 @@ def _content_from(original: Message, content: Any) -> bool:
 def _truncation_of(original: str, text: str) -> bool:
     head, marker, _ = text.partition(TRUNCATED)
     return bool(marker) and original.startswith(head) and len(head) < len(original)
+
+
+def budget_for(window: int, target: float = 0.45, reserved: int = 1024) -> Budget:
+    """A budget as the proxy's defaults make it, at a small window."""
+    return make_budget(
+        window=window,
+        model_max_output=None,
+        request_max_tokens=None,
+        reserved_output_tokens=reserved,
+        safety_margin_tokens=64,
+        prepare_at=0.6,
+        compact_at=0.85,
+        target=target,
+    )

@@ -11,7 +11,7 @@ separated list of ``hang``, ``slow-stream[:seconds]``, ``reset-mid-stream[:event
 ``status:NNN``, ``tool-call``, ``gzip``, ``redirect``. Settings (``behavior``, ``summarizer``,
 ``summary_delay``, ``stream_delay``, ``api_key``) may be changed between requests.
 
-Summary requests (header ``x-compaction-summary: 1`` or a system message starting with
+Summary requests (header ``x-compaction-summary: 1``, or a system or developer message starting with
 ``SUMMARY_PROMPT_PREFIX``) are answered by the ``summarizer`` hook: a string is the reply, None an
 empty reply, an Exception (returned or raised) a 500.
 
@@ -335,7 +335,8 @@ def default_summary(body: dict[str, Any]) -> str:
 
 def is_summary_request(headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
     return headers.get(SUMMARY_HEADER) == "1" or any(
-        m["role"] == "system" and text_of(m.get("content")).startswith(SUMMARY_PROMPT_PREFIX)
+        m["role"] in ("system", "developer")
+        and text_of(m.get("content")).startswith(SUMMARY_PROMPT_PREFIX)
         for m in body["messages"]
     )
 

@@ -43,12 +43,20 @@ async def summarize(
     if cut <= draft.cut:
         return plan, []
     positions = range(draft.cut, cut)
-    evicted = [media_as_labels(m) for p in positions if (m := draft.current(p)) is not None]
+    kept = [(p, m) for p in positions if (m := draft.current(p)) is not None]
     summary, detail = draft.summary, "only dropped messages evicted"
-    if evicted:
+    if kept:
         previous = ctx.counter.text(draft.summary.text) if draft.summary else 0
         max_tokens = output_cap(previous + sum(map(draft.tokens_at, positions)), ctx, params)
-        request = SummaryRequest(draft.summary, evicted, max_tokens, ctx.instructions)
+        request = SummaryRequest(
+            draft.summary,
+            [media_as_labels(m) for _, m in kept],
+            max_tokens,
+            ctx.instructions,
+            start=draft.cut,
+            end=cut,
+            positions=tuple(p for p, _ in kept),
+        )
         summary, detail = await _summary(request, ctx)
     draft.evict(cut, summary)
     return draft.outcome("summarize", detail)

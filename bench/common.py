@@ -1,0 +1,178 @@
+"""What the benchmarks share: the fake upstream and the proxy as separate processes, loopback
+HTTP timing, memory readings and long histories built from the recorded traces.
+
+Each server runs in its own process, so that it has its own GIL and the scheduler may give it
+its own core, as in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TRACES = Path("/work/shared/traces")
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.fake_upstream import count_prompt_tokens  # noqa: E402  (needs ROOT on the path)
+
+START_TIMEOUT = 20.0
+
+
+@dataclass
+class Server:
+    """A server process and the URL it answers on."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    started_in: float  # seconds from spawning the process to its first good answer
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _process(args: Sequence[str], name: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """Run `args`, its output in a log file (a pipe nobody reads would block it when full)."""
+    with tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False) as log:
+        path = Path(log.name)
+        process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield process, path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.returncode in (0, -15):
+            path.unlink(missing_ok=True)
+
+
+def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, started: float) -> float:
+    """Poll `url` until it answers 200; seconds since `started`."""
+    deadline = started + START_TIMEOUT
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited: {log.read_text()[-2000:]}")
+        with contextlib.suppress(urllib.error.URLError, ConnectionError):
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return time.perf_counter() - started
+        time.sleep(0.002)
+    raise RuntimeError(f"{url} did not answer within {START_TIMEOUT:g} s")
+
+
+@contextlib.contextmanager
+def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
+    """tests/fake_upstream.py serving on a free port, recording nothing."""
+    port = free_port()
+    args = [sys.executable, "tests/fake_upstream.py", "--port", str(port)]
+    args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
+    started = time.perf_counter()
+    with _process(args, "fake") as (process, log):
+        origin = f"http://127.0.0.1:{port}"
+        took = _wait_until_up(process, f"{origin}/v1/models", log, started)
+        yield Server(process, f"{origin}/v1", took, log)
+
+
+@contextlib.contextmanager
+def proxy(config_yaml: str) -> Iterator[Server]:
+    """`compaction-proxy serve --config FILE` on a free port; started_in is its cold start."""
+    port = free_port()
+    with tempfile.NamedTemporaryFile("w", prefix="bench-", suffix=".yaml", delete=False) as file:
+        file.write(config_yaml)
+    config = Path(file.name)
+    args = [str(BIN / "compaction-proxy"), "serve", "--config", str(config), "--port", str(port)]
+    try:
+        started = time.perf_counter()
+        with _process(args, "proxy") as (process, log):
+            origin = f"http://127.0.0.1:{port}"
+            took = _wait_until_up(process, f"{origin}/healthz", log, started)
+            yield Server(process, f"{origin}/v1", took, log)
+    finally:
+        config.unlink(missing_ok=True)
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """VmRSS (now) and VmHWM (peak) of a process, in MB."""
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            found[name] = int(value.split()[0]) / 1024
+    return found
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the closest ranks."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def load_traces() -> list[list[dict[str, Any]]]:
+    """The recorded conversations, longest files last (tau-bench, then SWE-agent)."""
+    conversations = []
+    for name in ("tau_airline_gpt4o.jsonl", "swe_agent.jsonl"):
+        for line in (TRACES / name).read_text().splitlines():
+            conversations.append(orjson.loads(line)["messages"])
+    return conversations
+
+
+def long_history(tokens: int, model: str = "gpt-4o") -> list[dict[str, Any]]:
+    """One session of at least `tokens` prompt tokens: recorded conversations joined whole.
+
+    Whole conversations keep every tool pair valid; only the first system prompt is kept, as
+    in one long agent session, and a last user message asks for the next answer.
+    """
+    messages: list[dict[str, Any]] = []
+    last = {"role": "user", "content": "Please go on with the next step."}
+    for conversation in load_traces():
+        messages += [m for m in conversation if m["role"] != "system" or not messages]
+        if count_prompt_tokens({"model": model, "messages": [*messages, last]}) >= tokens:
+            return [*messages, last]
+    raise ValueError(f"the traces hold fewer than {tokens} tokens")
+
+
+def machine() -> str:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown CPU",
+    )
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GB RAM, Linux {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )

@@ -1,0 +1,125 @@
+"""The admin API: inspect, reset and compact sessions. Off unless `admin.token` is set.
+
+Sessions are addressed by their key (the `x-compaction-session` response header, a hash of
+tenant and session id), or by tenant and session id through `/admin/session-key`.
+The proxy keeps no conversation history, only plans: a manual compaction is therefore
+carried out on the session's next request, with the instructions given here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import re
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .errors import InvalidRequest, NotFound, ProxyError, StoreUnavailableError, Unauthorized
+from .state import SessionState
+from .store import SessionStore, StoreUnavailable, session_key
+from .tenants import bearer
+
+_KEY = re.compile(r"^[0-9a-f]{32}$")
+MAX_INSTRUCTIONS = 4000
+
+
+class Admin:
+    def __init__(self, token: str, store: SessionStore) -> None:
+        self._token = token.encode()
+        self.store = store
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/admin/session-key", self._guard(self.key), methods=["GET"]),
+            Route("/admin/sessions/{key}", self._guard(self.inspect), methods=["GET"]),
+            Route("/admin/sessions/{key}", self._guard(self.reset), methods=["DELETE"]),
+            Route("/admin/sessions/{key}/compact", self._guard(self.compact), methods=["POST"]),
+        ]
+
+    def _guard(self, handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            try:
+                presented = bearer(request.headers.get("authorization", "")).encode()
+                if not hmac.compare_digest(presented, self._token):
+                    raise Unauthorized("invalid admin token")
+                response: Response = await handler(request)
+                return response
+            except ProxyError as exc:
+                return Response(exc.body(), exc.status_code, media_type="application/json")
+            except StoreUnavailable:
+                error = StoreUnavailableError("the session store is unavailable")
+                return Response(error.body(), 503, media_type="application/json")
+
+        return endpoint
+
+    async def key(self, request: Request) -> Response:
+        tenant = request.query_params.get("tenant")
+        session = request.query_params.get("session")
+        if not tenant or not session:
+            raise InvalidRequest("give both 'tenant' and 'session' query parameters")
+        return JSONResponse({"key": session_key(tenant, session)})
+
+    async def inspect(self, request: Request) -> Response:
+        key = _key(request)
+        record = await self.store.get(key)
+        if record is None:
+            raise NotFound("no such session")
+        state = SessionState.from_bytes(record.data)
+        body = {
+            "key": key,
+            "version": record.version,
+            "branches": [
+                {
+                    "plan": branch.plan.to_dict(),
+                    "chain": branch.chain,
+                    "used": branch.used,
+                }
+                for branch in state.branches
+            ],
+            "prepared": dataclasses.asdict(state.prepared) if state.prepared else None,
+            "decisions": state.decisions,
+            "memory": state.memory,
+            "calibration": state.calibration,
+            "pending_compaction": state.pending,
+        }
+        data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        return Response(data, media_type="application/json")
+
+    async def reset(self, request: Request) -> Response:
+        await self.store.delete(_key(request))
+        return Response(status_code=204)
+
+    async def compact(self, request: Request) -> Response:
+        key = _key(request)
+        instructions = ""
+        raw = await request.body()
+        if raw:
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise InvalidRequest('the body must be JSON: {"instructions": "..."}') from None
+            value = data.get("instructions", "") if isinstance(data, dict) else None
+            if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS:
+                raise InvalidRequest(
+                    f"'instructions' must be a string of at most {MAX_INSTRUCTIONS} characters"
+                )
+            instructions = value
+        for _ in range(3):
+            record = await self.store.get(key)
+            state = SessionState.from_bytes(record.data) if record else SessionState()
+            version = record.version if record else 0
+            state = dataclasses.replace(state, pending=instructions)
+            if await self.store.compare_and_set(key, version, state.to_bytes()) is not None:
+                return JSONResponse({"key": key, "status": "compaction on the next request"}, 202)
+        raise InvalidRequest("the session is changing too fast; try again")
+
+
+def _key(request: Request) -> str:
+    key = request.path_params["key"]
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise InvalidRequest("a session key is 32 lowercase hex characters")
+    return key

@@ -1,0 +1,124 @@
+"""What the proxy keeps per session, and how it is (de)serialised for the store.
+
+A session holds the plans of a few branches of its history (an edited or branched history
+gets a plan of its own), a summary prepared ahead of time, the recent decisions, memory
+candidates and the calibration of the token counter against the upstream's own counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+import policies
+
+MAX_DECISIONS = 50
+MAX_MEMORY = 20
+MAX_MEMORY_BYTES = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    """A plan and the chain hash of the history prefix it was computed over."""
+
+    plan: policies.Plan
+    chain: str
+    used: float
+
+    def matches(self, hashes: Sequence[str]) -> bool:
+        covered = self.plan.covered
+        return covered == 0 or (covered <= len(hashes) and hashes[covered - 1] == self.chain)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """An LLM summary made ahead of time: chain positions [start, end) rolled into the summary
+    that stood for [0, start) (identified by its text's hash)."""
+
+    start: int
+    end: int
+    chain: str
+    base: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionState:
+    branches: tuple[Branch, ...] = ()
+    prepared: Prepared | None = None
+    decisions: tuple[dict[str, Any], ...] = ()
+    memory: tuple[dict[str, Any], ...] = ()
+    calibration: float | None = None
+    pending: str | None = None  # a manual compaction asked for: its instructions ("" = none)
+
+    def branch(self, hashes: Sequence[str]) -> Branch | None:
+        """The branch that covers the longest prefix of this history."""
+        found = [b for b in self.branches if b.matches(hashes)]
+        return max(found, key=lambda b: b.plan.covered, default=None)
+
+    def with_branch(self, branch: Branch, hashes: Sequence[str], max_branches: int) -> SessionState:
+        """`branch`, computed over `hashes`, replaces every branch that is a prefix of that
+        history (it grew from them); the other branches stay, least recently used out."""
+        others = [b for b in self.branches if not b.matches(hashes)]
+        others.sort(key=lambda b: b.used, reverse=True)
+        return dataclasses.replace(self, branches=(branch, *others[: max(0, max_branches - 1)]))
+
+    def with_decisions(self, decisions: Sequence[dict[str, Any]]) -> SessionState:
+        merged = (*self.decisions, *decisions)[-MAX_DECISIONS:]
+        return dataclasses.replace(self, decisions=merged)
+
+    def with_memory(self, candidates: Sequence[dict[str, Any]]) -> SessionState:
+        seen = {m["text"] for m in candidates}
+        kept = [m for m in self.memory if m["text"] not in seen]
+        merged = [*kept, *(_capped(c) for c in candidates)][-MAX_MEMORY:]
+        return dataclasses.replace(self, memory=tuple(merged))
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            {
+                "v": 1,
+                "branches": [
+                    {"plan": b.plan.to_dict(), "chain": b.chain, "used": b.used}
+                    for b in self.branches
+                ],
+                "prepared": dataclasses.asdict(self.prepared) if self.prepared else None,
+                "decisions": self.decisions,
+                "memory": self.memory,
+                "calibration": self.calibration,
+                "pending": self.pending,
+            },
+            option=orjson.OPT_NON_STR_KEYS,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SessionState:
+        """The state of `to_bytes`; ValueError for anything else (a corrupt record)."""
+        try:
+            raw = orjson.loads(data)
+            prepared = raw.get("prepared")
+            return cls(
+                branches=tuple(
+                    Branch(policies.Plan.from_dict(b["plan"]), str(b["chain"]), float(b["used"]))
+                    for b in raw["branches"]
+                ),
+                prepared=Prepared(**prepared) if prepared else None,
+                decisions=tuple(raw.get("decisions") or ()),
+                memory=tuple(raw.get("memory") or ()),
+                calibration=raw.get("calibration"),
+                pending=raw.get("pending"),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a session state: {type(exc).__name__}") from None
+
+
+def _capped(candidate: dict[str, Any]) -> dict[str, Any]:
+    text = str(candidate["text"]).encode()[:MAX_MEMORY_BYTES].decode(errors="ignore")
+    return {**candidate, "text": text}
+
+
+def decision_record(decision: policies.Decision) -> dict[str, Any]:
+    return {"at": round(time.time(), 3), **dataclasses.asdict(decision)}

@@ -1,0 +1,220 @@
+"""LLM summaries of evicted history, through the proxy's own HTTP client.
+
+The `summarize` layer (policies/) gets one of these as its injected summarizer. Failures
+raise: the layer then falls back to the mechanical digest, so nothing is lost (transactional).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from typing import Any
+
+import orjson
+
+import policies
+from policies.message import call_arguments, call_name, tool_calls
+
+from .config import Summarizer as SummarizerSettings
+from .config import Upstream
+from .metrics import Metrics
+from .upstream import UpstreamClient, read_body
+
+log = logging.getLogger("compaction_proxy")
+
+# The fake upstream of the tests recognises summary requests by this opening, and so can an
+# operator reading upstream logs.
+SYSTEM_PROMPT = """You are compacting a conversation between a user and an AI assistant so that \
+it can go on within a limited context window. Write an updated, structured summary that merges \
+the previous summary (if any) with the new messages. Use these sections, in this order, and keep \
+each one short:
+
+## Goal
+## Facts
+## Decisions
+## User preferences and constraints
+## Open todos / next steps
+## Timeline
+
+Keep identifiers, file paths, URLs, numbers, names and quoted user requirements verbatim. Update \
+the previous summary rather than rewriting it: keep what still holds, add what is new, mark what \
+was resolved. Write only the summary, no preamble."""
+
+SUMMARY_HEADER = ("x-compaction-summary", "1")
+
+
+class SummaryFailed(Exception):
+    """The summarizer gave no usable summary (error, timeout, empty, or cooling down)."""
+
+
+def transcript(messages: list[policies.Message]) -> str:
+    """The evicted messages as plain text lines for the summarizer."""
+    lines = []
+    for message in messages:
+        role = message.get("role", "?")
+        text = policies.content_text(message.get("content"))
+        for call in tool_calls(message):
+            text += f"\n-> call {call_name(call)}({call_arguments(call)})"
+        name = message.get("name")
+        label = f"{role} {name}" if name else role
+        lines.append(f"[{label}] {text.strip()}")
+    return "\n".join(lines)
+
+
+def text_hash(summary: policies.Summary | None) -> str:
+    text = summary.text if summary else ""
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+class Cooldowns:
+    """After repeated failure, no new attempt for a while (seed 000; seed 004's breaker)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def cooling(self, key: str) -> bool:
+        return time.monotonic() < self._until.get(key, 0.0)
+
+    def trip(self, key: str, seconds: float) -> None:
+        self._until[key] = time.monotonic() + seconds
+
+
+class LLMSummarizer:
+    """Summarises with one model on one upstream, in chunks that fit the model's window."""
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        upstream: Upstream,
+        model: str,
+        settings: SummarizerSettings,
+        *,
+        credential: str | None,
+        counter: policies.Counter,
+        window: int,
+        metrics: Metrics,
+        cooldowns: Cooldowns,
+    ) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.model = model
+        self.settings = settings
+        self.credential = credential  # held for this task only, never stored
+        self.counter = counter
+        self.window = window
+        self.metrics = metrics
+        self.cooldowns = cooldowns
+        self.calls = 0
+
+    @property
+    def breaker(self) -> str:
+        return f"{self.upstream.name}/{self.model}"
+
+    async def __call__(self, request: policies.SummaryRequest) -> str:
+        previous = request.previous
+        text = ""
+        for chunk in self._chunks(request):
+            text = await self._summarise(previous, chunk, request.max_tokens, request.instructions)
+            previous = policies.Summary(text, "llm")
+        return text
+
+    def _chunks(self, request: policies.SummaryRequest) -> list[list[policies.Message]]:
+        """Groups of evicted messages whose prompt fits the summarizer's own window."""
+        fixed = self.counter.text(SYSTEM_PROMPT) + request.max_tokens + 64
+        if request.previous is not None:
+            fixed += self.counter.text(request.previous.text)
+        room = max(256, self.window - fixed - max(256, self.window // 10))
+        chunks: list[list[policies.Message]] = [[]]
+        size = 0
+        for message in request.evicted:
+            tokens = self.counter.message(message)
+            if chunks[-1] and size + tokens > room:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(_fitted(message, room, self.counter))
+            size += tokens
+        return chunks
+
+    async def _summarise(
+        self,
+        previous: policies.Summary | None,
+        messages: list[policies.Message],
+        max_tokens: int,
+        instructions: str | None,
+    ) -> str:
+        if self.cooldowns.cooling(self.breaker):
+            self.metrics.summaries.labels("cooling_down").inc()
+            raise SummaryFailed("summarizer cooling down after repeated failures")
+        body = orjson.dumps(
+            {
+                "model": self.model,
+                "messages": [
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": _prompt(previous, messages, instructions)},
+                ],
+                "temperature": self.settings.temperature,
+                "max_tokens": max_tokens,
+            }
+        )
+        headers = [("Content-Type", "application/json"), SUMMARY_HEADER]
+        if self.credential:
+            headers.append(("Authorization", self.credential))
+        failure = "no attempt"
+        for _ in range(1 + self.settings.retries):
+            self.calls += 1
+            try:
+                async with asyncio.timeout(self.settings.timeout_seconds):
+                    text = await self._attempt(headers, body)
+            except TimeoutError:
+                failure = "timeout"
+            except Exception as exc:  # every failure is retried, then degrades
+                failure = type(exc).__name__
+            else:
+                if text:
+                    self.metrics.summaries.labels("ok").inc()
+                    return text
+                failure = "empty"
+            self.metrics.summaries.labels(failure if failure in _OUTCOMES else "error").inc()
+        self.cooldowns.trip(self.breaker, self.settings.cooldown_seconds)
+        log.warning("summarizer failed", extra={"reason": failure, "upstream": self.upstream.name})
+        raise SummaryFailed(failure)
+
+    async def _attempt(self, headers: list[tuple[str, str]], body: bytes) -> str:
+        response = await self.client.open(
+            self.upstream, "POST", "/chat/completions", "", list(headers), body
+        )
+        try:
+            payload = await read_body(response, self.settings.timeout_seconds)
+        finally:
+            response.release()
+        if response.status != 200:
+            raise SummaryFailed(f"status {response.status}")
+        answer: Any = orjson.loads(payload)
+        content = answer["choices"][0]["message"].get("content")
+        return content.strip() if isinstance(content, str) else ""
+
+
+_OUTCOMES = {"timeout", "empty"}
+
+
+def _prompt(
+    previous: policies.Summary | None, messages: list[policies.Message], instructions: str | None
+) -> str:
+    parts = []
+    if previous is not None:
+        kind = "summary" if previous.kind == "llm" else "mechanical digest"
+        parts.append(f"Previous {kind}:\n{previous.text}")
+    parts.append(f"New messages:\n{transcript(messages)}")
+    if instructions:
+        parts.append(f"Additional instructions for this summary:\n{instructions}")
+    return "\n\n".join(parts)
+
+
+def _fitted(message: policies.Message, room: int, counter: policies.Counter) -> policies.Message:
+    """A message too big for one chunk keeps its head (a summary cannot use more anyway)."""
+    if counter.message(message) <= room:
+        return message
+    text = counter.head(policies.content_text(message.get("content")), room)
+    return {**message, "content": text + " [...]"}

@@ -1,0 +1,74 @@
+"""Shared fixtures: the strict fake upstream and the proxy in front of it, both on loopback.
+
+One fake upstream and one proxy serve the whole session (`upstream` resets the fake for each
+test); tests whose config differs build their own proxy with `proxy_config` and `proxy_server`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.config import Config, loads
+from proxy.tokens import configure_offline_encodings
+from tests.fake_upstream import FakeUpstream
+from tests.servers import ServerThread, proxy_server
+
+configure_offline_encodings()  # before any test asks tiktoken for an encoding
+
+WINDOWS = {"small-8k": 8192, "gpt-4o-mini": 128_000, "gpt-4": 8192}
+
+ConfigFactory = Callable[..., Config]
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in, mappings key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_for(up: FakeUpstream, **sections: Any) -> Config:
+    """A config whose one upstream, `fake`, is `up`; `sections` are merged into it."""
+    data = merged({"upstreams": {"fake": {"base_url": up.base_url}}}, sections)
+    return loads(yaml.safe_dump(data))
+
+
+@pytest.fixture(scope="session")
+def shared_upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream(windows=WINDOWS) as up:
+        yield up
+
+
+@pytest.fixture
+def upstream(shared_upstream: FakeUpstream) -> Iterator[FakeUpstream]:
+    """The session's fake upstream, with no requests recorded and its default settings."""
+    up = shared_upstream
+    up.reset()
+    yield up
+    up.behavior, up.api_key = "", None
+
+
+@pytest.fixture(scope="session")
+def shared_server(shared_upstream: FakeUpstream) -> Iterator[ServerThread]:
+    with proxy_server(config_for(shared_upstream)) as server:
+        yield server
+
+
+@pytest.fixture
+def server(shared_server: ServerThread, upstream: FakeUpstream) -> ServerThread:
+    """The proxy on the default config, in front of `upstream`."""
+    return shared_server
+
+
+@pytest.fixture
+def proxy_config(upstream: FakeUpstream) -> ConfigFactory:
+    """`proxy_config(listen={...}, ...)`: a config in front of `upstream`, sections merged in."""
+    return lambda **sections: config_for(upstream, **sections)

@@ -1,0 +1,494 @@
+"""Each compaction layer alone: the invariants of DESIGN.md section 4 that hold per layer, as
+properties over random conversations, and examples of each layer's exact output."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import (
+    LAYERS,
+    ClearToolResultsParams,
+    Context,
+    Decision,
+    DropToolBlocksParams,
+    Plan,
+    PolicyParams,
+    Summary,
+    SummaryRequest,
+    TruncateToolFieldsParams,
+    content_text,
+    make_context,
+    render,
+)
+from policies.layers.summarize import SummarizeParams, summarize
+from policies.layers.trim_head import SHORTENED, TrimHeadParams, trim_head
+from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
+from tests.conversations import (
+    ANCHOR,
+    CLEARED,
+    CharCounter,
+    budget_for,
+    conversations,
+    is_header,
+    png_data_url,
+    view_problems,
+)
+
+COUNTER = CharCounter()
+PARAMS = PolicyParams(anchors=(ANCHOR,))
+SYSTEM = {"role": "system", "content": "You are a helpful agent."}
+
+
+def context(
+    messages: list[dict],
+    window: int = 4096,
+    target: float = 0.45,
+    params: PolicyParams = PARAMS,
+    **kwargs: object,
+) -> Context:
+    return make_context(
+        messages, params, counter=COUNTER, budget=budget_for(window, target), **kwargs
+    )
+
+
+async def run(name: str, messages: list[dict], plan: Plan, ctx: Context, params: object = None):
+    layer = LAYERS[name]
+    outcome = layer.run(messages, plan, ctx, params if params is not None else layer.params())
+    return outcome if isinstance(outcome, tuple) else await outcome
+
+
+def tokens(messages: list[dict], plan: Plan, ctx: Context) -> int:
+    view = render(messages, plan, summary_role=ctx.summary_role)
+    return ctx.fixed_tokens + sum(COUNTER.message(m) for m in view)
+
+
+# --- summarizers: real functions of the request ---------------------------------------------
+
+
+async def echo(request: SummaryRequest) -> str:
+    """A summary made of the evicted texts' first words, within the cap."""
+    text = " | ".join(content_text(m.get("content"))[:40] for m in request.evicted)
+    return COUNTER.head(f"Summary: {text}", request.max_tokens)
+
+
+async def failing(request: SummaryRequest) -> str:
+    raise TimeoutError("the summarizer took too long")
+
+
+async def blank(request: SummaryRequest) -> str:
+    return "   "
+
+
+async def verbose(request: SummaryRequest) -> str:
+    return "word " * (request.max_tokens * 2)
+
+
+SUMMARIZERS: list[Callable[[SummaryRequest], Awaitable[str]] | None] = [
+    None,
+    echo,
+    failing,
+    blank,
+    verbose,
+]
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@settings(
+    max_examples=250,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    messages=conversations(),
+    name=st.sampled_from(sorted(LAYERS)),
+    before=st.sampled_from([None, *sorted(LAYERS)]),
+    window=st.sampled_from([1024, 2048, 4096, 8192]),
+    target=st.sampled_from([0.3, 0.6]),
+    summarizer=st.sampled_from(SUMMARIZERS),
+    fixed=st.sampled_from([0, 150]),
+)
+async def test_each_layer_keeps_the_invariants(
+    messages, name, before, window, target, summarizer, fixed
+) -> None:
+    ctx = context(messages, window, target, summarizer=summarizer, fixed_tokens=fixed)
+    plan = Plan()
+    if before is not None:
+        plan, _ = await run(before, messages, plan, ctx)
+    new, decisions = await run(name, messages, plan, ctx)
+    view = render(messages, new)
+
+    assert view_problems(messages, view) == []
+    assert new.cut >= plan.cut
+    for position, edit in plan.edits.items():
+        if position >= new.cut:
+            assert position in new.edits
+            assert edit is not None or new.edits[position] is None
+    if not decisions:
+        assert new is plan
+        return
+    (decision,) = decisions
+    assert decision.layer == name
+    assert decision.tokens_before == tokens(messages, plan, ctx)
+    assert decision.tokens_after == tokens(messages, new, ctx)
+    assert not any(ctx.in_turn(p) for p in decision.positions)
+    assert all(0 <= p < len(ctx.chain) for p in decision.positions)
+    assert new.covered == len(ctx.chain)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=conversations(),
+    name=st.sampled_from(sorted(LAYERS)),
+    window=st.sampled_from([1024, 4096]),
+)
+async def test_a_layer_stops_at_the_target(messages, name, window) -> None:
+    """Cheapest first, least first: a layer changes nothing once the view is at the target."""
+    ctx = context(messages, window)
+    plan, decisions = await run(name, messages, Plan(), ctx)
+    if tokens(messages, Plan(), ctx) <= ctx.target_tokens:
+        assert decisions == [] and plan == Plan()
+    again, more = await run(name, messages, plan, ctx)
+    if decisions and decisions[0].tokens_after <= ctx.target_tokens:
+        assert more == [] and again is plan
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=conversations(), name=st.sampled_from(sorted(LAYERS)))
+async def test_layers_are_deterministic(messages, name) -> None:
+    first = await run(name, messages, Plan(), context(messages, 2048))
+    second = await run(name, messages, Plan(), context(messages, 2048))
+    assert first == second
+
+
+# --- examples: building blocks ------------------------------------------------------------
+
+
+def text(tokens: int, tag: str = "abcd") -> str:
+    """Exactly `tokens` tokens of the chars/4 counter."""
+    return (tag * tokens)[: tokens * 4]
+
+
+def call(call_id: str, name: str = "read_file", arguments: str = '{"path": "a.py"}') -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def block(call_id: str, result: str, name: str = "read_file", note: str | None = None) -> list:
+    return [
+        {"role": "assistant", "content": note, "tool_calls": [call(call_id, name)]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def agent_loop(blocks: int, result_tokens: int, names: tuple[str, ...] = ("read_file",)) -> list:
+    messages = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
+    for i in range(blocks):
+        messages += block(f"c{i}", text(result_tokens), names[i % len(names)])
+    return messages
+
+
+def chat(rounds: int, tokens: int) -> list:
+    messages = [SYSTEM]
+    for i in range(rounds):
+        messages.append({"role": "user", "content": f"question {i}: {text(tokens)}"})
+        messages.append({"role": "assistant", "content": f"answer {i}: {text(tokens)}"})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
+# --- clear_tool_results -----------------------------------------------------------------------
+
+
+async def test_clear_replaces_the_oldest_results_with_the_placeholder() -> None:
+    messages = agent_loop(8, 400)
+    ctx = context(messages, 4096)
+    plan, (decision,) = await run("clear_tool_results", messages, Plan(), ctx)
+    cleared = sorted(plan.edits)
+    assert cleared == [p for p in decision.positions]
+    assert cleared[0] == 2  # the oldest result first
+    for position in cleared:
+        assert plan.edits[position] == {**ctx.chain[position], "content": CLEARED}
+    assert decision.tokens_after <= ctx.target_tokens
+    assert decision.detail == f"{len(cleared)} results, 0 messages with media"
+
+
+async def test_clear_keeps_the_newest_results_and_the_current_turns() -> None:
+    messages = agent_loop(8, 400)
+    ctx = context(messages, 1024)  # no way to reach this target by clearing
+    plan, _ = await run(
+        "clear_tool_results", messages, Plan(), ctx, ClearToolResultsParams(keep_last=3)
+    )
+    results = [p for p, m in enumerate(ctx.chain) if m["role"] == "tool"]
+    assert sorted(plan.edits) == results[:4]  # 8 results: 4 cleared, 3 kept, 1 current
+
+
+async def test_clear_follows_the_tool_name_lists() -> None:
+    messages = agent_loop(8, 400, names=("read_file", "bash"))
+    ctx = context(messages, 1024)
+    allow = ClearToolResultsParams(keep_last=0, allow_tools=("bash",))
+    plan, _ = await run("clear_tool_results", messages, Plan(), ctx, allow)
+    names = {p: ctx.tool_names[ctx.chain[p]["tool_call_id"]] for p in plan.edits}
+    assert set(names.values()) == {"bash"} and len(names) == 3
+    deny = ClearToolResultsParams(keep_last=0, deny_tools=("bash",), placeholder="[gone]")
+    plan, _ = await run("clear_tool_results", messages, Plan(), ctx, deny)
+    assert {ctx.tool_names[ctx.chain[p]["tool_call_id"]] for p in plan.edits} == {"read_file"}
+    assert all(edit and edit["content"] == "[gone]" for edit in plan.edits.values())
+
+
+async def test_clear_removes_large_documents_and_keeps_small_images() -> None:
+    pdf = "data:application/pdf;base64," + "A" * 40_000  # ~30 kB: ~3,750 tokens
+    small = {"type": "image_url", "image_url": {"url": png_data_url(64, 64)}}
+    first = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "see attached"},
+            {"type": "file", "file": {"filename": "a.pdf", "file_data": pdf}},
+            small,
+        ],
+        "name": "mia",
+    }
+    messages = [SYSTEM, first, {"role": "assistant", "content": "read it"}, *chat(3, 20)[1:]]
+    ctx = context(messages, 4096)
+    plan, (decision,) = await run("clear_tool_results", messages, Plan(), ctx)
+    assert plan.edits == {
+        0: {
+            **first,
+            "content": [
+                {"type": "text", "text": "see attached"},
+                {"type": "text", "text": "[Old image or document cleared]"},
+                small,
+            ],
+        }
+    }
+    assert decision.detail == "0 results, 1 messages with media"
+
+
+async def test_clear_leaves_results_that_the_placeholder_would_not_shorten() -> None:
+    messages = agent_loop(8, 2)
+    ctx = context(messages, 1024)
+    assert await run("clear_tool_results", messages, Plan(), ctx) == (Plan(), [])
+
+
+# --- truncate_tool_fields -----------------------------------------------------------------------
+
+
+async def test_truncate_keeps_the_head_and_marks_the_original_size() -> None:
+    arguments = json.dumps({"path": "a.py", "content": text(700, "line")})
+    messages = [
+        SYSTEM,
+        {"role": "user", "content": "write it"},
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "write", arguments)]},
+        {"role": "tool", "tool_call_id": "c1", "content": text(900, "outp")},
+        {"role": "user", "content": "thanks, and now?"},
+    ]
+    ctx = context(messages, 2048)
+    plan, (decision,) = await run("truncate_tool_fields", messages, Plan(), ctx)
+    args_tokens = COUNTER.text(arguments)
+    assert plan.edits[1]["tool_calls"][0]["function"]["arguments"] == (
+        f"{arguments[:800]}\n[TRUNCATED original~{args_tokens} tokens]"
+    )
+    assert plan.edits[1]["tool_calls"][0]["id"] == "c1"
+    assert plan.edits[2] == {
+        **messages[3],
+        "content": f"{text(200, 'outp')}\n[TRUNCATED original~900 tokens]",
+    }
+    assert decision.detail == "1 arguments, 1 results"
+
+
+async def test_truncate_leaves_fields_within_their_thresholds_and_the_current_turn() -> None:
+    messages = [*agent_loop(1, 599), *block("c9", text(3000))]
+    ctx = context(messages, 1024)
+    assert await run("truncate_tool_fields", messages, Plan(), ctx) == (Plan(), [])
+    params = TruncateToolFieldsParams(
+        result_max_tokens=300, keep_tokens=50, marker="[cut {tokens}]"
+    )
+    plan, _ = await run("truncate_tool_fields", messages, Plan(), ctx, params)
+    assert plan.edits == {2: {**ctx.chain[2], "content": f"{text(50)}\n[cut 599]"}}
+
+
+def test_truncate_parameters_are_checked() -> None:
+    with pytest.raises(ValueError):
+        TruncateToolFieldsParams(keep_tokens=600)
+
+
+# --- drop_tool_blocks ---------------------------------------------------------------------------
+
+
+async def test_drop_removes_old_blocks_whole_and_keeps_the_newest() -> None:
+    messages = agent_loop(8, 300)
+    ctx = context(messages, 1024, params=PolicyParams(protect_recent_rounds=0))
+    plan, (decision,) = await run(
+        "drop_tool_blocks", messages, Plan(), ctx, DropToolBlocksParams(keep_last=2)
+    )
+    # 7 blocks before the current turn's, 2 kept: positions 1-10 (five blocks) dropped.
+    assert plan.edits == dict.fromkeys(range(1, 11))
+    assert decision.detail == "5 blocks"
+    assert view_problems(messages, render(messages, plan)) == []
+
+
+async def test_drop_keeps_assistant_text_in_the_protected_part() -> None:
+    messages = [SYSTEM, {"role": "user", "content": "go"}]
+    for i in range(4):
+        messages += block(f"c{i}", text(300), note=f"Now reading file {i}.")
+    ctx = context(messages, 1024)
+    assert ctx.protected_start == 0
+    plan, _ = await run(
+        "drop_tool_blocks", messages, Plan(), ctx, DropToolBlocksParams(keep_last=0)
+    )
+    assert plan.edits == {
+        1: {"role": "assistant", "content": "Now reading file 0."},
+        2: None,
+        3: {"role": "assistant", "content": "Now reading file 1."},
+        4: None,
+        5: {"role": "assistant", "content": "Now reading file 2."},
+        6: None,
+    }
+
+
+# --- summarize ----------------------------------------------------------------------------------
+
+
+class Recorder:
+    """A summarizer that keeps the requests it got and answers with `answer`."""
+
+    def __init__(self, answer: Callable[[SummaryRequest], Awaitable[str]] = echo) -> None:
+        self.requests: list[SummaryRequest] = []
+        self.answer = answer
+
+    async def __call__(self, request: SummaryRequest) -> str:
+        self.requests.append(request)
+        return await self.answer(request)
+
+
+async def test_summarize_cuts_at_a_round_start_and_sends_the_evicted_view() -> None:
+    messages = chat(12, 60)
+    image = {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}
+    messages[1] = {**messages[1], "content": [{"type": "text", "text": "look"}, image]}
+    recorder = Recorder()
+    ctx = context(messages, 4096, summarizer=recorder, instructions="focus on bugs")
+    plan, (decision,) = await run("summarize", messages, Plan(), ctx)
+
+    assert ctx.chain[plan.cut]["role"] == "user"
+    assert plan.cut <= ctx.protected_start
+    (request,) = recorder.requests
+    assert request.previous is None
+    assert request.instructions == "focus on bugs"
+    assert request.evicted[0]["content"] == [
+        {"type": "text", "text": "look"},
+        {"type": "text", "text": "[image]"},
+    ]
+    assert request.evicted[1:] == list(ctx.chain[1 : plan.cut])
+    evicted_tokens = sum(ctx.chain_tokens[: plan.cut])
+    assert request.max_tokens == min(int(0.3 * evicted_tokens), int(0.2 * ctx.target_tokens))
+    assert plan.summary == Summary(await echo(request), "llm")
+    assert decision == Decision(
+        "summarize", tuple(range(plan.cut)), decision.tokens_before, decision.tokens_after, "llm"
+    )
+    assert decision.tokens_after <= ctx.target_tokens
+    assert render(messages, plan)[1]["content"].startswith(SUMMARY_HEADING)
+
+
+async def test_summarize_rolls_the_previous_summary_in() -> None:
+    messages = chat(12, 60)
+    recorder = Recorder()
+    ctx = context(messages, 4096, summarizer=recorder)
+    first, _ = await run("summarize", messages, Plan(), ctx)
+    longer = [*messages, {"role": "assistant", "content": text(300)}, *chat(6, 60)[1:]]
+    second, (decision,) = await run(
+        "summarize", longer, first, context(longer, 4096, summarizer=recorder)
+    )
+    assert second.cut > first.cut
+    assert recorder.requests[1].previous == first.summary
+    assert decision.positions == tuple(range(first.cut, second.cut))
+
+
+@pytest.mark.parametrize(
+    ("answer", "detail"),
+    [
+        (failing, "degraded: TimeoutError"),
+        (blank, "degraded: empty summary"),
+        (verbose, "degraded: over-long summary"),
+    ],
+)
+async def test_a_failed_summary_falls_back_to_the_digest(answer, detail) -> None:
+    messages = chat(12, 60)
+    ctx = context(messages, 4096, summarizer=Recorder(answer))
+    plan, (decision,) = await run("summarize", messages, Plan(), ctx)
+    assert decision.detail == detail
+    assert plan.summary is not None and plan.summary.kind == "digest"
+    assert plan.summary.text.startswith("User requests:\n- question")
+    assert render(messages, plan)[1]["content"].startswith(DIGEST_HEADING)
+
+
+async def test_without_a_summarizer_the_digest_is_the_summary() -> None:
+    messages = chat(12, 60)
+    plan, (decision,) = await run("summarize", messages, Plan(), context(messages, 4096))
+    assert decision.detail == "digest"
+    assert plan.summary is not None and plan.summary.kind == "digest"
+
+
+async def test_summarize_leaves_the_protected_part_and_the_current_turn() -> None:
+    messages = agent_loop(6, 300)  # one round: the task is the current turn
+    ctx = context(messages, 1024, summarizer=echo)
+    assert await summarize(messages, Plan(), ctx, SummarizeParams()) == (Plan(), [])
+    messages = chat(12, 60)
+    ctx = context(messages, 8192, params=PolicyParams(protect_recent_rounds=10))
+    plan, _ = await summarize(messages, Plan(), ctx, SummarizeParams())
+    assert plan.cut == 4  # rounds 0 and 1; ten rounds and the current one stay
+
+
+# --- trim_head ------------------------------------------------------------------------------------
+
+
+async def test_trim_head_drops_the_oldest_until_the_view_fits() -> None:
+    messages = chat(12, 60)
+    ctx = context(messages, 2048)
+    plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    dropped = sorted(plan.edits)
+    assert dropped == list(range(len(dropped)))
+    assert all(edit is None for edit in plan.edits.values())
+    assert decision.tokens_after <= ctx.target_tokens < tokens(messages, Plan(), ctx)
+    assert decision.detail == f"{len(dropped)} messages dropped"
+
+
+async def test_trim_head_keeps_the_current_turn_even_when_it_does_not_fit() -> None:
+    messages = [*chat(2, 10), {"role": "user", "content": text(5000)}]
+    messages.pop(-2)
+    ctx = context(messages, 2048)
+    plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    assert render(messages, plan) == [SYSTEM, messages[-1]]
+    assert decision.tokens_after == ctx.floor_tokens > ctx.limit_tokens
+
+
+async def test_trim_head_shortens_a_summary_that_leaves_no_room() -> None:
+    messages = chat(3, 10)
+    plan = Plan(cut=2, summary=Summary(text(2000, "summ"), "llm"), covered=7)
+    ctx = context(messages, 4096)
+    new, (decision,) = trim_head(messages, plan, ctx, TrimHeadParams())
+    assert new.summary is not None
+    assert new.summary.text.startswith("summ") and new.summary.text.endswith(f"\n{SHORTENED}")
+    assert decision.tokens_after <= ctx.target_tokens
+    assert "summary shortened" in decision.detail
+
+
+async def test_trim_head_caps_the_anchor_block_last() -> None:
+    messages = [SYSTEM]
+    for i in range(30):
+        messages += [
+            {"role": "user", "content": f"order ORDER-{i:04d} {text(30)}"},
+            {"role": "assistant", "content": "noted"},
+        ]
+    messages.append({"role": "user", "content": "which orders?"})
+    ctx = context(messages, 1024)
+    plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    assert plan.anchor_block is not None
+    assert plan.anchor_block.split("\n")[-1] == "ORDER-0029"  # the newest are kept
+    assert decision.tokens_after <= ctx.target_tokens
+    header = [m for m in render(messages, plan) if is_header(m)]
+    assert len(header) == 1

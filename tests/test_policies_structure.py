@@ -1,0 +1,361 @@
+"""The building blocks of policies/: structure, hash chain, plan and view, budget, counting."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import (
+    Plan,
+    Summary,
+    canonical,
+    chain_hashes,
+    current_turn,
+    current_turn_start,
+    image_tokens,
+    make_budget,
+    media_tokens,
+    render,
+    rounds,
+    tool_blocks,
+    tool_pair_problems,
+)
+from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING, header_message
+from tests.conversations import conversations, png_data_url
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str | None, *calls: str) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            for c in calls
+        ]
+    return message
+
+
+def tool(call_id: str, text: str = "ok") -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+LOOP = [
+    SYSTEM,
+    user("fix the bug"),
+    assistant(None, "a"),
+    tool("a"),
+    assistant("next", "b", "c"),
+    tool("c"),
+    tool("b"),
+]
+
+
+# --- conversation structure ---------------------------------------------------------------
+
+
+def test_rounds_start_at_user_messages() -> None:
+    messages = [SYSTEM, assistant("hi"), user("a"), assistant("b"), user("c")]
+    assert rounds(messages) == [range(2, 4), range(4, 5)]
+
+
+def test_tool_blocks_hold_the_call_and_every_answer() -> None:
+    assert tool_blocks(LOOP) == [range(2, 4), range(4, 7)]
+    assert tool_blocks([assistant("x", "a"), user("no answer")]) == [range(0, 1)]
+
+
+def test_current_turn_of_an_agent_loop_is_the_task_and_the_newest_block() -> None:
+    assert current_turn_start(LOOP) == 4
+    assert current_turn(LOOP) == [1, 4, 5, 6]
+
+
+def test_current_turn_of_a_chat_is_the_last_user_message_and_after() -> None:
+    messages = [SYSTEM, user("a"), assistant("b"), user("c"), SYSTEM]
+    assert current_turn_start(messages) == 3
+    assert current_turn(messages) == [3]
+
+
+def test_without_a_user_message_everything_is_the_current_turn() -> None:
+    messages = [SYSTEM, assistant("a"), assistant("b")]
+    assert current_turn(messages) == [1, 2]
+    assert current_turn([SYSTEM]) == []
+
+
+def test_tool_pair_problems_name_the_openai_400_cases() -> None:
+    assert tool_pair_problems(LOOP) == []
+    assert tool_pair_problems([user("x"), tool("a")]) == [
+        "message 1: tool message without a preceding tool call"
+    ]
+    unanswered = tool_pair_problems([assistant(None, "a", "b"), tool("a"), user("x")])
+    assert unanswered == ["message 0: tool calls without answers ['b']"]
+    assert tool_pair_problems([assistant(None, "a"), SYSTEM, tool("a")]) == [
+        "message 0: tool calls without answers ['a']",
+        "message 2: tool message without a preceding tool call",
+    ]
+    assert tool_pair_problems([assistant(None, "a"), tool("a"), tool("a")]) == [
+        "message 2: tool message answers no open call ('a')"
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(conversations())
+def test_generated_conversations_are_valid_requests(messages: list[dict]) -> None:
+    assert tool_pair_problems(messages) == []
+    turn = current_turn(messages)
+    assert turn == sorted(turn)
+    assert all(messages[i]["role"] != "system" for i in turn)
+
+
+# --- hash chain ---------------------------------------------------------------------------
+
+
+def test_canonical_form_ignores_sdk_echoes_and_null_fields() -> None:
+    plain = assistant("hello")
+    echoed = {**plain, "refusal": None, "annotations": [], "audio": None, "name": None}
+    as_parts = {**plain, "content": [{"type": "text", "text": "hello"}]}
+    assert canonical(plain) == canonical(echoed) == canonical(as_parts)
+    assert canonical(assistant(None, "a")) == canonical({**assistant("", "a")})
+
+
+def test_canonical_form_sees_what_the_model_sees() -> None:
+    base = assistant("x", "a")
+    changed_args = json.loads(json.dumps(base))
+    changed_args["tool_calls"][0]["function"]["arguments"] = '{"k": 1}'
+    image = {"type": "image_url", "image_url": {"url": "https://x.test/1.png"}}
+    other = {"type": "image_url", "image_url": {"url": "https://x.test/2.png"}}
+    forms = {
+        canonical(base),
+        canonical(changed_args),
+        canonical(user("x")),
+        canonical({**user("x"), "name": "bob"}),
+        canonical(tool("a", "x")),
+        canonical(tool("b", "x")),
+        canonical({**user("x"), "content": [{"type": "text", "text": "x"}, image]}),
+        canonical({**user("x"), "content": [{"type": "text", "text": "x"}, other]}),
+    }
+    assert len(forms) == 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(conversations(), st.data())
+def test_chain_hashes_identify_prefixes_without_system_messages(messages: list[dict], data) -> None:
+    hashes = chain_hashes(messages)
+    chain = [m for m in messages if m["role"] not in ("system", "developer")]
+    assert len(hashes) == len(chain)
+    assert len(set(hashes)) == len(hashes)  # cumulative: even equal messages differ
+    cut = data.draw(st.integers(0, len(messages)))
+    assert chain_hashes(messages[:cut]) == hashes[: len(chain_hashes(messages[:cut]))]
+    other_system = [{**m, "content": "changed"} if m["role"] == "system" else m for m in messages]
+    assert chain_hashes(other_system) == hashes
+    if chain:
+        k = data.draw(st.integers(0, len(chain) - 1))
+        edited = list(chain)
+        edited[k] = {**edited[k], "content": "edited!"}
+        again = chain_hashes(edited)
+        assert again[:k] == hashes[:k]
+        assert all(a != b for a, b in zip(again[k:], hashes[k:], strict=True))
+
+
+# --- plan and view --------------------------------------------------------------------------
+
+
+CHAT = [
+    SYSTEM,
+    user("one"),
+    assistant("two"),
+    {"role": "developer", "content": "mid"},
+    user("three"),
+    assistant(None, "a"),
+    tool("a", "big result"),
+    user("four"),
+]
+
+
+def test_render_places_the_header_after_the_system_messages_of_the_evicted_part() -> None:
+    plan = Plan(
+        cut=2,
+        summary=Summary("they talked", "llm"),
+        edits={4: {**tool("a"), "content": "[cleared]"}},
+        anchor_block="ORDER-1",
+        covered=5,
+    )
+    view = render(CHAT, plan)
+    header = header_message(plan.summary, plan.anchor_block)
+    assert view == [SYSTEM, CHAT[3], header, CHAT[4], CHAT[5], plan.edits[4], CHAT[7]]
+    assert header == {
+        "role": "user",
+        "content": f"{SUMMARY_HEADING}\nthey talked\n\n{ANCHOR_HEADING}\nORDER-1",
+    }
+
+
+def test_render_leaves_dropped_messages_out_and_new_messages_as_they_are() -> None:
+    plan = Plan(cut=0, edits={3: None, 4: None}, covered=6)
+    more = [*CHAT, assistant("five"), user("six")]
+    assert render(more, plan) == [m for i, m in enumerate(more) if i not in (5, 6)]
+
+
+def test_a_digest_and_an_anchor_block_alone_are_marked() -> None:
+    digest = header_message(Summary("User requests:\n- x", "digest"), None, "system")
+    assert digest == {"role": "system", "content": f"{DIGEST_HEADING}\nUser requests:\n- x"}
+    anchors = header_message(None, "ORDER-1")
+    assert anchors == {"role": "user", "content": f"{ANCHOR_HEADING}\nORDER-1"}
+    assert render(CHAT, Plan(anchor_block="ORDER-1", covered=5))[1] == anchors
+
+
+def test_a_plan_that_evicts_everything_ends_with_its_header() -> None:
+    plan = Plan(cut=9, summary=Summary("all of it", "llm"), covered=5)
+    assert render(CHAT, plan) == [SYSTEM, CHAT[3], header_message(plan.summary, None)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(conversations())
+def test_the_empty_plan_renders_the_messages_unchanged(messages: list[dict]) -> None:
+    assert render(messages, Plan()) == messages
+
+
+def test_plan_round_trips_through_json() -> None:
+    plan = Plan(
+        cut=3,
+        summary=Summary("s", "digest"),
+        edits={4: None, 7: tool("a", "[cleared]")},
+        anchor_block="x",
+        covered=9,
+    )
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert Plan.from_dict(Plan().to_dict()) == Plan()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {
+            "cut": 1,
+            "summary": {"text": "s", "kind": "poem"},
+            "edits": {},
+            "anchor_block": None,
+            "covered": 1,
+        },
+        {"cut": 1, "summary": None, "edits": {"1": "text"}, "anchor_block": None, "covered": 1},
+        {"cut": 1, "summary": None, "edits": [], "anchor_block": None, "covered": 1},
+        {"cut": 1, "summary": None, "edits": {}, "anchor_block": 3, "covered": 1},
+    ],
+)
+def test_plan_from_dict_rejects_what_is_not_a_plan(data: dict) -> None:
+    with pytest.raises(ValueError, match="not a plan"):
+        Plan.from_dict(data)
+
+
+# --- budget ---------------------------------------------------------------------------------
+
+
+def budget(**changes: object):
+    args: dict = {
+        "window": 8192,
+        "model_max_output": None,
+        "request_max_tokens": None,
+        "reserved_output_tokens": 4096,
+        "safety_margin_tokens": 100,
+        "prepare_at": 0.6,
+        "compact_at": 0.85,
+        "target": 0.45,
+    }
+    return make_budget(**{**args, **changes})
+
+
+def test_reserved_output_is_the_clients_max_tokens_exactly() -> None:
+    assert budget(request_max_tokens=5000).reserved_output == 5000
+    assert budget(request_max_tokens=0).reserved_output == 0
+
+
+def test_reserved_output_otherwise_scales_with_the_window() -> None:
+    assert budget().reserved_output == 2048  # a quarter of 8192
+    assert budget(window=1_000_000).reserved_output == 4096
+    assert budget(window=1_000_000, model_max_output=1000).reserved_output == 1000
+
+
+def test_levels_are_fractions_of_the_usable_budget() -> None:
+    b = budget()
+    assert b.limit == 8192 - 2048 - 100
+    assert (b.prepare_tokens, b.compact_tokens, b.target_tokens) == (
+        int(b.limit * 0.6),
+        int(b.limit * 0.85),
+        int(b.limit * 0.45),
+    )
+    assert b.status(b.prepare_tokens - 1) == "ok"
+    assert b.status(b.prepare_tokens) == "prepare"
+    assert b.status(b.compact_tokens) == "compact"
+    assert budget(window=100, request_max_tokens=500).limit == 0
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"target": 0.9}, {"compact_at": 1.5}, {"prepare_at": 0}, {"window": -1}, {"target": 0}],
+)
+def test_budget_rejects_nonsense(changes: dict) -> None:
+    with pytest.raises(ValueError):
+        budget(**changes)
+
+
+# --- counting of media ----------------------------------------------------------------------
+
+
+def image(url: str, detail: str | None = None) -> dict:
+    payload = {"url": url} | ({"detail": detail} if detail else {})
+    return {"type": "image_url", "image_url": payload}
+
+
+def data_url(kind: str, data: bytes) -> str:
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+
+
+def test_image_tokens_follow_openais_published_examples() -> None:
+    assert image_tokens(1024, 1024) == 765
+    assert image_tokens(2048, 4096) == 1105
+    assert image_tokens(4096, 8192) == 1105
+    assert image_tokens(100, 100) == 255
+
+
+def test_image_size_is_read_from_data_urls() -> None:
+    gif = b"GIF89a" + struct.pack("<HH", 2048, 4096) + b"\0" * 8
+    jpeg = (
+        b"\xff\xd8"
+        + b"\xff\xe0\x00\x04\0\0"
+        + b"\xff\xc0\x00\x11\x08"
+        + struct.pack(">HH", 4096, 2048)
+    )
+    webp = (
+        b"RIFF\0\0\0\0WEBPVP8X"
+        + b"\0" * 8
+        + (2047).to_bytes(3, "little")
+        + (4095).to_bytes(3, "little")
+    )
+    assert media_tokens(image(png_data_url(2048, 4096))) == 1105
+    assert media_tokens(image(data_url("gif", gif))) == 1105
+    assert media_tokens(image(data_url("jpeg", jpeg + b"\0" * 16))) == 1105
+    assert media_tokens(image(data_url("webp", webp))) == 1105
+    assert media_tokens(image(png_data_url(100, 100))) == 255
+
+
+def test_image_of_unknown_size_and_low_detail() -> None:
+    assert media_tokens(image("https://x.test/a.png")) == 765
+    assert media_tokens(image(data_url("png", b"not an image at all"))) == 765
+    assert media_tokens(image(png_data_url(4096, 4096), "low")) == 85
+
+
+def test_documents_and_audio_are_estimated_from_their_size() -> None:
+    pdf = "data:application/pdf;base64," + base64.b64encode(b"\0" * 80_000).decode()
+    assert media_tokens({"type": "file", "file": {"file_data": pdf}}) == 10_000
+    assert media_tokens({"type": "file", "file": {"file_id": "file-1"}}) == 765
+    audio = base64.b64encode(b"\0" * 160_000).decode()
+    assert media_tokens({"type": "input_audio", "input_audio": {"data": audio}}) == 100
+    assert media_tokens({"type": "text", "text": "hello"}) == 0
