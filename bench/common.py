@@ -80,10 +80,12 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, starte
     while time.perf_counter() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{process.args!r} exited: {log.read_text()[-2000:]}")
-        with contextlib.suppress(urllib.error.URLError, ConnectionError):
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return time.perf_counter() - started
+        with (
+            contextlib.suppress(urllib.error.URLError, ConnectionError),
+            urllib.request.urlopen(url, timeout=1) as response,
+        ):
+            if response.status == 200:
+                return time.perf_counter() - started
         time.sleep(0.002)
     raise RuntimeError(f"{url} did not answer within {START_TIMEOUT:g} s")
 
@@ -127,6 +129,22 @@ def memory_mb(pid: int) -> dict[str, float]:
         if name in ("VmRSS", "VmHWM"):
             found[name] = int(value.split()[0]) / 1024
     return found
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) a process has used so far; this process when pid is None."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_seconds() -> float:
+    """CPU time the whole machine has spent outside idle and iowait so far, all cores."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

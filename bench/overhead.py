@@ -28,7 +28,17 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import fake_upstream, long_history, machine, memory_mb, percentile, proxy  # noqa: E402
+from common import (
+    Server,
+    busy_seconds,
+    cpu_seconds,
+    fake_upstream,
+    long_history,
+    machine,
+    memory_mb,
+    percentile,
+    proxy,
+)
 
 MODEL = "gpt-4o"
 WINDOW = 1_000_000  # the fake's window and the proxy's override: nothing is ever compacted
@@ -81,6 +91,9 @@ class Run:
     ttfb: Samples = field(default_factory=Samples)
     rate_direct: float = 0.0
     rate_through: float = 0.0
+    cpu_proxy_us: float = 0.0  # CPU time per request under load, proxy process
+    cpu_fake_us: float = 0.0  # the same for the fake upstream, direct
+    others: float = 0.0  # cores' worth of CPU other processes used during the run
     large_overhead_ms: list[float] = field(default_factory=list)  # x-compaction-overhead-ms
     cold_count_ms: float = 0.0  # the proxy's overhead on the first 100k request (counts empty)
     tokens: int = 0
@@ -134,11 +147,17 @@ class Client:
                 if overheads is not None and url == self.through:
                     overheads.append(float(response.headers["x-compaction-overhead-ms"]))
 
-    async def rate(self, url: str, body: bytes, seconds: float) -> float:
-        """Requests/second of CONCURRENCY clients sending back to back for `seconds`."""
+    async def rate(
+        self, url: str, body: bytes, seconds: float, pids: tuple[int, ...]
+    ) -> tuple[float, list[float]]:
+        """Requests/second of CONCURRENCY clients sending back to back for `seconds`, and the
+        CPU microseconds each of `pids` spent per request meanwhile."""
         await self._load(url, body, min(0.5, seconds / 4))  # warm the connection pools
+        cpu = [cpu_seconds(pid) for pid in pids]
         done, took = await self._load(url, body, seconds)
-        return done / took
+        return done / took, [
+            (cpu_seconds(p) - c) / done * 1e6 for p, c in zip(pids, cpu, strict=True)
+        ]
 
     async def _load(self, url: str, body: bytes, seconds: float) -> tuple[int, float]:
         started = time.perf_counter()
@@ -161,7 +180,7 @@ def chat(messages: list[dict[str, Any]], **fields: Any) -> bytes:
     return orjson.dumps({"model": MODEL, "messages": messages, **fields})
 
 
-async def measure(run: Run, direct: str, through: str, sizes: Sizes, history: bytes) -> None:
+async def measure(run: Run, upstream: Server, server: Server, sizes: Sizes, history: bytes) -> None:
     small = chat([{"role": "user", "content": "Say hello."}])
     stream = chat(
         [{"role": "user", "content": "Say hello."}],
@@ -170,7 +189,7 @@ async def measure(run: Run, direct: str, through: str, sizes: Sizes, history: by
     )
     streaming = {**HEADERS, "x-fake-behavior": STREAM_BEHAVIOR}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        client = Client(session, direct, through)
+        client = Client(session, upstream.url, server.url)
         _, _, first = await client.call(client.through, history)
         run.cold_count_ms = float(first.headers["x-compaction-overhead-ms"])
         run.tokens = int(first.headers["x-compaction-tokens-before"])
@@ -181,8 +200,12 @@ async def measure(run: Run, direct: str, through: str, sizes: Sizes, history: by
         await client.pairs(
             stream, sizes.stream, run.ttfb, pick=lambda first, end: first, headers=streaming
         )
-        run.rate_direct = await client.rate(client.direct, small, sizes.rate_seconds)
-        run.rate_through = await client.rate(client.through, small, sizes.rate_seconds)
+        run.rate_direct, (run.cpu_fake_us,) = await client.rate(
+            client.direct, small, sizes.rate_seconds, (upstream.pid,)
+        )
+        run.rate_through, (run.cpu_proxy_us,) = await client.rate(
+            client.through, small, sizes.rate_seconds, (server.pid,)
+        )
 
 
 def proxy_config(upstream: str, store: str, key_prefix: str) -> str:
@@ -197,15 +220,23 @@ models:
 
 
 def bench_store(
-    store: str, url: str, upstream: str, prefix: str, sizes: Sizes, history: bytes
+    store: str, url: str, upstream: Server, prefix: str, sizes: Sizes, history: bytes
 ) -> Run:
     run = Run(store)
-    with proxy(proxy_config(upstream, url, prefix)) as server:
+    with proxy(proxy_config(upstream.url, url, prefix)) as server:
         run.cold_start_s = server.started_in
-        uvloop.run(measure(run, upstream, server.url, sizes, history))
+        pids = (server.pid, upstream.pid)
+        started, busy, ours = time.perf_counter(), busy_seconds(), _ours(pids)
+        uvloop.run(measure(run, upstream, server, sizes, history))
+        others = busy_seconds() - busy - (_ours(pids) - ours)
+        run.others = max(0.0, others) / (time.perf_counter() - started)
         memory = memory_mb(server.pid)
         run.rss_mb, run.peak_mb = memory["VmRSS"], memory["VmHWM"]
     return run
+
+
+def _ours(pids: tuple[int, ...]) -> float:
+    return cpu_seconds() + sum(cpu_seconds(pid) for pid in pids)
 
 
 def redis_reachable(url: str) -> bool:
@@ -225,75 +256,85 @@ def delete_keys(url: str, prefix: str) -> int:
 
 # -- the report -----------------------------------------------------------------------------------
 
-
-def _ms(value: float) -> str:
-    return f"{value:+.2f} ms"
+Cell = Callable[[Run], str]
 
 
 def _verdict(ok: bool) -> str:
     return "ok" if ok else "**missed**"
 
 
+def _added(samples: Callable[[Run], Samples], q: float, limit: float | None = None) -> Cell:
+    """Added milliseconds at percentile q, the direct figure beside, judged against `limit`."""
+
+    def cell(run: Run) -> str:
+        value = samples(run).added(q)
+        verdict = "" if limit is None else f" {_verdict(value <= limit)}"
+        return f"{value:+.2f} ms (direct {samples(run).direct_ms(q):.2f}){verdict}"
+
+    return cell
+
+
+def _rate(run: Run) -> str:
+    ratio = run.rate_through / run.rate_direct
+    return (
+        f"{run.rate_through:,.0f} vs {run.rate_direct:,.0f} direct = {ratio:.2f}x"
+        f" {_verdict(ratio >= 0.55)}"
+    )
+
+
 def report(runs: list[Run], sizes: Sizes) -> str:
+    history = f"{runs[0].tokens:,}-token history"
+    rows: list[tuple[str, Cell, str, str]] = [
+        (
+            "added latency p50, small request",
+            _added(lambda r: r.small, 50, 1),
+            "<= +1 ms",
+            "+10.8 ms",
+        ),
+        ("added latency p99, small request", _added(lambda r: r.small, 99), "", ""),
+        (f"added latency p50, {history}", _added(lambda r: r.large, 50, 3), "<= +3 ms", "+14.0 ms"),
+        (f"added latency p99, {history}", _added(lambda r: r.large, 99), "", ""),
+        (
+            "x-compaction-overhead-ms p50, history",
+            lambda r: f"{percentile(r.large_overhead_ms, 50):.2f} ms",
+            "",
+            "",
+        ),
+        ("the same, first history request", lambda r: f"{r.cold_count_ms:.2f} ms", "", ""),
+        ("streaming time to first byte p50", _added(lambda r: r.ttfb, 50, 1), "<= +1 ms", ""),
+        ("streaming time to first byte p99", _added(lambda r: r.ttfb, 99), "", ""),
+        (f"requests/s at concurrency {CONCURRENCY}", _rate, ">= 0.55x direct", "0.11x"),
+        (
+            "CPU per request under that load: proxy (fake)",
+            lambda r: f"{r.cpu_proxy_us:.0f} us ({r.cpu_fake_us:.0f} us)",
+            "",
+            "",
+        ),
+        (
+            "proxy RSS after the run (peak)",
+            lambda r: f"{r.rss_mb:.0f} MB ({r.peak_mb:.0f}) {_verdict(r.rss_mb <= 120)}",
+            "<= 120 MB",
+            "388 MB",
+        ),
+        (
+            "cold start, spawn to first /healthz 200",
+            lambda r: f"{r.cold_start_s:.2f} s {_verdict(r.cold_start_s <= 1.5)}",
+            "<= 1.5 s",
+            "",
+        ),
+        ("other processes' CPU meanwhile", lambda r: f"{r.others:.2f} cores", "", ""),
+    ]
     head = ["figure", *(f"{r.store} store" for r in runs), "target", "LiteLLM proxy"]
-    rows: list[list[str]] = []
-
-    def row(name: str, cell: Callable[[Run], str], target: str = "", litellm: str = "") -> None:
-        rows.append([name, *(cell(r) for r in runs), target, litellm])
-
-    def added(samples: Callable[[Run], Samples], q: float, limit: float | None) -> Callable[[Run], str]:
-        def cell(run: Run) -> str:
-            value = samples(run).added(q)
-            verdict = "" if limit is None else f" {_verdict(value <= limit)}"
-            return f"{_ms(value)} (direct {samples(run).direct_ms(q):.2f}){verdict}"
-
-        return cell
-
-    tokens = runs[0].tokens
-    row("added latency p50, small request", added(lambda r: r.small, 50, 1.0), "<= +1 ms", "+10.8 ms")
-    row("added latency p99, small request", added(lambda r: r.small, 99, None))
-    row(
-        f"added latency p50, {tokens:,}-token history",
-        added(lambda r: r.large, 50, 3.0),
-        "<= +3 ms",
-        "+14.0 ms",
-    )
-    row(f"added latency p99, {tokens:,}-token history", added(lambda r: r.large, 99, None))
-    row(
-        "proxy's own overhead p50 (x-compaction-overhead-ms), history",
-        lambda r: f"{percentile(r.large_overhead_ms, 50):.2f} ms",
-    )
-    row("same, first request (token counts not cached yet)", lambda r: f"{r.cold_count_ms:.2f} ms")
-    row("streaming time to first byte p50", added(lambda r: r.ttfb, 50, 1.0), "<= +1 ms")
-    row("streaming time to first byte p99", added(lambda r: r.ttfb, 99, None))
-    row(
-        f"requests/s at concurrency {CONCURRENCY}, small",
-        lambda r: f"{r.rate_through:,.0f} vs {r.rate_direct:,.0f} direct = "
-        f"{r.rate_through / r.rate_direct:.2f}x {_verdict(r.rate_through >= 0.55 * r.rate_direct)}",
-        ">= 0.55x direct",
-        "0.11x",
-    )
-    row(
-        "proxy RSS after the run (peak)",
-        lambda r: f"{r.rss_mb:.0f} MB ({r.peak_mb:.0f}) {_verdict(r.peak_mb <= 120)}",
-        "<= 120 MB",
-        "388 MB",
-    )
-    row(
-        "cold start (spawn to first /healthz 200)",
-        lambda r: f"{r.cold_start_s:.2f} s {_verdict(r.cold_start_s <= 1.5)}",
-        "<= 1.5 s",
-    )
     lines = [
         f"machine: {machine()}",
         f"samples: {sizes.small} small, {sizes.large} history and {sizes.stream} streamed requests"
-        f" each way (alternating), {sizes.rate_seconds:g} s per throughput figure; direct figures"
-        " in brackets, in ms",
+        f" each way, alternating; {sizes.rate_seconds:g} s per throughput figure",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    for name, cell, target, litellm in rows:
+        lines.append("| " + " | ".join([name, *(cell(r) for r in runs), target, litellm]) + " |")
     return "\n".join(lines)
 
 
@@ -315,12 +356,13 @@ def main() -> None:
     with fake_upstream({MODEL: WINDOW}) as upstream:
         for name, url in stores:
             try:
-                runs.append(bench_store(name, url, upstream.url, prefix, sizes, history))
+                runs.append(bench_store(name, url, upstream, prefix, sizes, history))
             finally:
                 if name == "redis":
                     delete_keys(url, prefix)
     print(report(runs, sizes))
-    print(f"\n(history body {len(history) / 1024:.0f} KiB; run took {time.perf_counter() - started:.0f} s)")
+    took = time.perf_counter() - started
+    print(f"\nhistory body {len(history) / 1024:.0f} KiB; the run took {took:.0f} s")
 
 
 if __name__ == "__main__":

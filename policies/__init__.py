@@ -5,7 +5,7 @@ of the conversation that `render` applies to later requests of the same branch.
 """
 
 from policies.budget import Budget, Status, make_budget
-from policies.chain import canonical, chain_hashes
+from policies.chain import Chain, canonical, message_digest
 from policies.context import Context
 from policies.conversation import (
     current_turn,
@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_LAYERS",
     "LAYERS",
     "Budget",
+    "Chain",
     "ClearToolResultsParams",
     "Compaction",
     "Context",
@@ -53,7 +54,6 @@ __all__ = [
     "TrimHeadParams",
     "TruncateToolFieldsParams",
     "canonical",
-    "chain_hashes",
     "compact",
     "content_text",
     "current_turn",
@@ -65,6 +65,7 @@ __all__ = [
     "make_budget",
     "make_context",
     "media_tokens",
+    "message_digest",
     "parse_layers",
     "render",
     "rounds",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from policies.conversation import is_system
@@ -33,18 +33,34 @@ def canonical(message: Mapping[str, Any]) -> bytes:
     return "\x1f".join(fields).encode("utf-8", "surrogatepass")
 
 
-def chain_hashes(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Cumulative hashes over the non-system messages: entry i identifies the prefix [0, i]."""
-    hashes = []
-    previous = b""
-    for message in messages:
-        if is_system(message):
-            continue
-        digest = hashlib.blake2b(previous, digest_size=DIGEST_SIZE)
-        digest.update(canonical(message))
-        previous = digest.digest()
-        hashes.append(previous.hex())
-    return hashes
+def message_digest(message: Mapping[str, Any]) -> bytes:
+    """A short hash of the canonical form of one message."""
+    return hashlib.blake2b(canonical(message), digest_size=DIGEST_SIZE).digest()
+
+
+class Chain:
+    """The non-system messages of a conversation, each by its digest.
+
+    `prefix(n)` identifies the first n of them; a plan stores it for the prefix it covers.
+    `digest` may be a memoised `message_digest`: the proxy sees the same history every turn.
+    """
+
+    def __init__(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        digest: Callable[[Mapping[str, Any]], bytes] = message_digest,
+    ) -> None:
+        self.digests = [digest(m) for m in messages if not is_system(m)]
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def prefix(self, n: int) -> str:
+        """The hash of the first n messages ("" for none, or for more than there are)."""
+        if n <= 0 or n > len(self.digests):
+            return ""
+        joined = b"".join(self.digests[:n])
+        return hashlib.blake2b(joined, digest_size=2 * DIGEST_SIZE).hexdigest()
 
 
 def _text(value: object) -> str:

@@ -23,6 +23,7 @@ from policies.memory import memory_candidates
 
 from .config import Config, Policy, Upstream
 from .errors import ContextLengthExceeded, StoreUnavailableError
+from .memo import MessageDigests
 from .metrics import Metrics
 from .models import ModelCatalog
 from .state import Branch, Prepared, SessionState, decision_record
@@ -112,7 +113,7 @@ class Turn:
     limits: Limits
     budget: policies.Budget
     fixed: int
-    hashes: list[str]
+    chain: policies.Chain
     loaded: Loaded
     branch: Branch | None
 
@@ -131,6 +132,7 @@ class Compactor:
         self.metrics = metrics
         self.catalog = ModelCatalog()
         self.cooldowns = Cooldowns()
+        self.digests = MessageDigests()
         self._limits: dict[str, Limits] = {}
         self._calibration: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -215,10 +217,10 @@ class Compactor:
             compact_at=policy.compact_at,
             target=policy.target,
         )
-        hashes = policies.chain_hashes(chat.messages)
+        chain = policies.Chain(chat.messages, self.digests)
         loaded = await self._load(chat.key)
         fixed = limits.counter.fixed(chat.body)
-        return Turn(chat, limits, budget, fixed, hashes, loaded, loaded.state.branch(hashes))
+        return Turn(chat, limits, budget, fixed, chain, loaded, loaded.state.branch(chain))
 
     def _view(self, turn: Turn) -> list[dict[str, Any]]:
         if turn.branch is None:
@@ -292,7 +294,7 @@ class Compactor:
         prepared = turn.loaded.state.prepared
         if prepared is None:
             return llm
-        return functools.partial(_with_prepared, llm, prepared, turn.hashes, limits.counter)
+        return functools.partial(_with_prepared, llm, prepared, turn.chain, limits.counter)
 
     # -- ahead of time --------------------------------------------------------------------
 
@@ -337,7 +339,7 @@ class Compactor:
                 prepared = Prepared(
                     start=request.start,
                     end=request.end,
-                    chain=turn.hashes[request.end - 1],
+                    chain=turn.chain.prefix(request.end),
                     base=text_hash(made[0][0].previous),
                     text=text,
                 )
@@ -380,12 +382,12 @@ class Compactor:
         evicted = chain[old.cut : new.cut] + [
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]
-        branch = Branch(new, turn.hashes[new.covered - 1], time.time())
+        branch = Branch(new, turn.chain.prefix(new.covered), time.time())
         calibration = self._calibration.get(chat.key)
         max_branches = self.config.store.max_branches
 
         def apply(state: SessionState) -> SessionState:
-            state = state.with_branch(branch, turn.hashes, max_branches)
+            state = state.with_branch(branch, turn.chain, max_branches)
             state = state.with_decisions([decision_record(d) for d in result.decisions])
             state = state.with_memory(memory_candidates(evicted))
             return dataclasses.replace(
@@ -452,7 +454,7 @@ class Compactor:
             if loaded.version == turn.loaded.version:
                 continue
             turn.loaded = loaded
-            turn.branch = loaded.state.branch(turn.hashes)
+            turn.branch = loaded.state.branch(turn.chain)
             view = self._view(turn)
             tokens = turn.limits.counter.count(view, fixed=turn.fixed)
             if turn.branch is None or self._calibrated(turn, tokens) >= turn.budget.compact_tokens:
@@ -474,8 +476,7 @@ def _prepared_for(prepared: Prepared | None, turn: Turn) -> bool:
         prepared is not None
         and prepared.start == plan.cut
         and prepared.base == text_hash(plan.summary)
-        and prepared.end <= len(turn.hashes)
-        and turn.hashes[prepared.end - 1] == prepared.chain
+        and turn.chain.prefix(prepared.end) == prepared.chain
     )
 
 
@@ -488,7 +489,7 @@ def _without_prepared(turn: Turn) -> Loaded:
 async def _with_prepared(
     llm: policies.Summarizer,
     prepared: Prepared,
-    hashes: list[str],
+    chain: policies.Chain,
     counter: policies.Counter,
     request: policies.SummaryRequest,
 ) -> str:
@@ -497,8 +498,7 @@ async def _with_prepared(
     usable = (
         request.start == prepared.start
         and prepared.end <= request.end
-        and prepared.end <= len(hashes)
-        and hashes[prepared.end - 1] == prepared.chain
+        and chain.prefix(prepared.end) == prepared.chain
         and text_hash(request.previous) == prepared.base
     )
     if not usable:

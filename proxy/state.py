@@ -29,9 +29,8 @@ class Branch:
     chain: str
     used: float
 
-    def matches(self, hashes: Sequence[str]) -> bool:
-        covered = self.plan.covered
-        return covered == 0 or (covered <= len(hashes) and hashes[covered - 1] == self.chain)
+    def matches(self, chain: policies.Chain) -> bool:
+        return self.plan.covered == 0 or chain.prefix(self.plan.covered) == self.chain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +54,15 @@ class SessionState:
     calibration: float | None = None
     pending: str | None = None  # a manual compaction asked for: its instructions ("" = none)
 
-    def branch(self, hashes: Sequence[str]) -> Branch | None:
+    def branch(self, chain: policies.Chain) -> Branch | None:
         """The branch that covers the longest prefix of this history."""
-        found = [b for b in self.branches if b.matches(hashes)]
+        found = [b for b in self.branches if b.matches(chain)]
         return max(found, key=lambda b: b.plan.covered, default=None)
 
-    def with_branch(self, branch: Branch, hashes: Sequence[str], max_branches: int) -> SessionState:
-        """`branch`, computed over `hashes`, replaces every branch that is a prefix of that
+    def with_branch(self, branch: Branch, chain: policies.Chain, max_branches: int) -> SessionState:
+        """`branch`, computed over `chain`, replaces every branch that is a prefix of that
         history (it grew from them); the other branches stay, least recently used out."""
-        others = [b for b in self.branches if not b.matches(hashes)]
+        others = [b for b in self.branches if not b.matches(chain)]
         others.sort(key=lambda b: b.used, reverse=True)
         return dataclasses.replace(self, branches=(branch, *others[: max(0, max_branches - 1)]))
 

@@ -21,6 +21,8 @@ import tiktoken.model
 
 from policies.counting import media_tokens
 
+from .memo import Memo
+
 Mode = Literal["exact", "estimate"]
 
 MESSAGE_OVERHEAD = 3  # <|start|>{role}<|message|>{content}<|end|>
@@ -82,13 +84,7 @@ class TokenCounter:
     def __init__(self, encoding: tiktoken.Encoding | None, *, cache_size: int = 65_536) -> None:
         self._encoding = encoding
         self._func_init = FUNC_INIT.get(encoding.name, 10) if encoding else 10
-        # Least recently used out, in two generations: a hit is one dict lookup, with no
-        # bookkeeping; what was not used for a whole generation goes.
-        self._recent: dict[int, int] = {}
-        self._older: dict[int, int] = {}
-        self._cache_size = cache_size
-        self._hits = 0
-        self._misses = 0
+        self._memo: Memo[int] = Memo(cache_size)
 
     @property
     def mode(self) -> Mode:
@@ -122,16 +118,10 @@ class TokenCounter:
 
     def count(self, messages: Iterable[dict[str, Any]], *, fixed: int = 0) -> int:
         """Messages plus `fixed` (see `fixed()`): what the prompt of a request costs."""
+        # This loop is the whole cost of a request that does not compact.
         total = fixed
         for message in messages:
-            # message() inlined for the common case, a history seen before: this loop is
-            # the whole cost of a request that does not compact.
-            found = self._recent.get(hash(orjson.dumps(message)))
-            if found is None:
-                total += self.message(message)
-            else:
-                self._hits += 1
-                total += found
+            total += self._cached(message, self._measure_message)
         return total
 
     def tools(self, tools: list[dict[str, Any]] | None) -> int:
@@ -143,29 +133,11 @@ class TokenCounter:
         return REPLY_PRIMING + self.tools(body.get("tools")) + self.tools(body.get("functions"))
 
     def cache_info(self) -> CacheInfo:
-        size = len(self._recent) + len(self._older)
-        return CacheInfo(self._hits, self._misses, size, self._cache_size)
+        memo = self._memo
+        return CacheInfo(memo.hits, memo.misses, len(memo), memo.size)
 
     def _cached(self, value: Any, measure: Callable[[Any], int]) -> int:
-        # Keyed by content: a fast 64-bit hash of its JSON, cheap to build and to keep.
-        key = hash(orjson.dumps(value))
-        found = self._recent.get(key)
-        if found is None:
-            found = self._older.get(key)
-            if found is None:
-                found = measure(value)
-                self._misses += 1
-            else:
-                self._hits += 1
-            self._remember(key, found)
-        else:
-            self._hits += 1
-        return found
-
-    def _remember(self, key: int, tokens: int) -> None:
-        if len(self._recent) >= max(1, self._cache_size // 2):
-            self._older, self._recent = self._recent, {}
-        self._recent[key] = tokens
+        return self._memo.get(value, measure)
 
     def _measure_message(self, message: dict[str, Any]) -> int:
         total = MESSAGE_OVERHEAD

@@ -34,7 +34,6 @@ from tests.conversations import (
     CharCounter,
     budget_for,
     conversations,
-    is_header,
     png_data_url,
     view_problems,
 )
@@ -206,12 +205,14 @@ def chat(rounds: int, tokens: int) -> list:
 
 
 async def test_clear_replaces_the_oldest_results_with_the_placeholder() -> None:
-    messages = agent_loop(8, 400)
-    ctx = context(messages, 4096)
-    plan, (decision,) = await run("clear_tool_results", messages, Plan(), ctx)
+    messages = agent_loop(10, 400)
+    ctx = context(messages, 4096, 0.6)
+    params = ClearToolResultsParams(keep_last=1)
+    plan, (decision,) = await run("clear_tool_results", messages, Plan(), ctx, params)
+    results = [p for p, m in enumerate(ctx.chain) if m["role"] == "tool"]
     cleared = sorted(plan.edits)
-    assert cleared == [p for p in decision.positions]
-    assert cleared[0] == 2  # the oldest result first
+    assert cleared == list(decision.positions) == results[: len(cleared)]
+    assert len(cleared) < len(results) - 2  # it stopped at the target
     for position in cleared:
         assert plan.edits[position] == {**ctx.chain[position], "content": CLEARED}
     assert decision.tokens_after <= ctx.target_tokens
@@ -333,22 +334,22 @@ async def test_drop_removes_old_blocks_whole_and_keeps_the_newest() -> None:
 
 
 async def test_drop_keeps_assistant_text_in_the_protected_part() -> None:
-    messages = [SYSTEM, {"role": "user", "content": "go"}]
-    for i in range(4):
-        messages += block(f"c{i}", text(300), note=f"Now reading file {i}.")
-    ctx = context(messages, 1024)
-    assert ctx.protected_start == 0
+    # A system prompt over the target: every old block goes, protected or not.
+    messages = [{"role": "system", "content": text(800)}, {"role": "user", "content": "go"}]
+    for i in range(10):
+        messages += block(f"c{i}", text(30), note=f"Now reading file {i}.")
+    ctx = context(messages, 2048)
+    assert 0 < ctx.protected_start < ctx.turn_start
     plan, _ = await run(
         "drop_tool_blocks", messages, Plan(), ctx, DropToolBlocksParams(keep_last=0)
     )
-    assert plan.edits == {
-        1: {"role": "assistant", "content": "Now reading file 0."},
-        2: None,
-        3: {"role": "assistant", "content": "Now reading file 1."},
-        4: None,
-        5: {"role": "assistant", "content": "Now reading file 2."},
-        6: None,
-    }
+    for position in range(1, ctx.turn_start):
+        message = ctx.chain[position]
+        if position >= ctx.protected_start and message["role"] == "assistant":
+            assert plan.edits[position] == {"role": "assistant", "content": message["content"]}
+        else:
+            assert plan.edits[position] is None
+    assert view_problems(messages, render(messages, plan)) == []
 
 
 # --- summarize ----------------------------------------------------------------------------------
@@ -433,14 +434,29 @@ async def test_without_a_summarizer_the_digest_is_the_summary() -> None:
     assert plan.summary is not None and plan.summary.kind == "digest"
 
 
-async def test_summarize_leaves_the_protected_part_and_the_current_turn() -> None:
-    messages = agent_loop(6, 300)  # one round: the task is the current turn
+async def test_summarize_leaves_the_current_turn_of_an_agent_loop() -> None:
+    messages = agent_loop(6, 300)  # one round: before the task there is nothing to evict
     ctx = context(messages, 1024, summarizer=echo)
     assert await summarize(messages, Plan(), ctx, SummarizeParams()) == (Plan(), [])
-    messages = chat(12, 60)
-    ctx = context(messages, 8192, params=PolicyParams(protect_recent_rounds=10))
-    plan, _ = await summarize(messages, Plan(), ctx, SummarizeParams())
-    assert plan.cut == 4  # rounds 0 and 1; ten rounds and the current one stay
+
+
+@pytest.mark.parametrize(
+    ("params", "window", "start"),
+    [
+        (PolicyParams(protect_recent_rounds=2), 1024, 78),  # the current round and one more
+        (PolicyParams(protect_min_tokens=60, protect_min_text_messages=3), 1024, 78),
+        (PolicyParams(protect_max_tokens=80), 1024, 77),
+        (PolicyParams(), 1024, 77),  # at most half the target: 105 tokens
+        (PolicyParams(), 8192, 58),  # the newest twelve rounds
+    ],
+)
+async def test_summarize_stops_at_the_protected_part(params, window, start) -> None:
+    messages = chat(40, 20)  # 28 tokens a question, 30 an answer
+    ctx = context(messages, window, 0.3, params=params)
+    assert ctx.protected_start == start
+    plan, (decision,) = await summarize(messages, Plan(), ctx, SummarizeParams())
+    assert plan.cut <= start
+    assert decision.tokens_after <= ctx.target_tokens or plan.cut == start
 
 
 # --- trim_head ------------------------------------------------------------------------------------
@@ -477,7 +493,7 @@ async def test_trim_head_shortens_a_summary_that_leaves_no_room() -> None:
     assert "summary shortened" in decision.detail
 
 
-async def test_trim_head_caps_the_anchor_block_last() -> None:
+async def test_trim_head_keeps_the_newest_anchors_of_what_it_drops() -> None:
     messages = [SYSTEM]
     for i in range(30):
         messages += [
@@ -487,8 +503,10 @@ async def test_trim_head_caps_the_anchor_block_last() -> None:
     messages.append({"role": "user", "content": "which orders?"})
     ctx = context(messages, 1024)
     plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    dropped = [f"ORDER-{p // 2:04d}" for p in sorted(plan.edits) if p % 2 == 0]
     assert plan.anchor_block is not None
-    assert plan.anchor_block.split("\n")[-1] == "ORDER-0029"  # the newest are kept
+    kept = plan.anchor_block.split("\n")
+    assert kept == dropped[len(dropped) - len(kept) :]  # the newest that fit
+    assert len(kept) < len(dropped)
+    assert COUNTER.text(plan.anchor_block) <= ctx.anchor_block_max_tokens
     assert decision.tokens_after <= ctx.target_tokens
-    header = [m for m in render(messages, plan) if is_header(m)]
-    assert len(header) == 1

@@ -14,7 +14,7 @@ from policies import (
     Plan,
     Summary,
     canonical,
-    chain_hashes,
+    Chain,
     current_turn,
     current_turn_start,
     image_tokens,
@@ -147,20 +147,20 @@ def test_canonical_form_sees_what_the_model_sees() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(conversations(), st.data())
-def test_chain_hashes_identify_prefixes_without_system_messages(messages: list[dict], data) -> None:
-    hashes = chain_hashes(messages)
+def test_chain_prefixes_identify_prefixes_without_system_messages(messages: list[dict], data) -> None:
+    hashes = _prefixes(messages)
     chain = [m for m in messages if m["role"] not in ("system", "developer")]
     assert len(hashes) == len(chain)
     assert len(set(hashes)) == len(hashes)  # cumulative: even equal messages differ
     cut = data.draw(st.integers(0, len(messages)))
-    assert chain_hashes(messages[:cut]) == hashes[: len(chain_hashes(messages[:cut]))]
+    assert _prefixes(messages[:cut]) == hashes[: len(_prefixes(messages[:cut]))]
     other_system = [{**m, "content": "changed"} if m["role"] == "system" else m for m in messages]
-    assert chain_hashes(other_system) == hashes
+    assert _prefixes(other_system) == hashes
     if chain:
         k = data.draw(st.integers(0, len(chain) - 1))
         edited = list(chain)
         edited[k] = {**edited[k], "content": "edited!"}
-        again = chain_hashes(edited)
+        again = _prefixes(edited)
         assert again[:k] == hashes[:k]
         assert all(a != b for a, b in zip(again[k:], hashes[k:], strict=True))
 
@@ -359,3 +359,8 @@ def test_documents_and_audio_are_estimated_from_their_size() -> None:
     audio = base64.b64encode(b"\0" * 160_000).decode()
     assert media_tokens({"type": "input_audio", "input_audio": {"data": audio}}) == 100
     assert media_tokens({"type": "text", "text": "hello"}) == 0
+
+
+def _prefixes(messages: list[dict]) -> list[str]:
+    chain = Chain(messages)
+    return [chain.prefix(n) for n in range(1, len(chain) + 1)]

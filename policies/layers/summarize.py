@@ -39,7 +39,7 @@ async def summarize(
     messages: Sequence[Message], plan: Plan, ctx: Context, params: SummarizeParams
 ) -> tuple[Plan, list[Decision]]:
     draft = Draft(messages, plan, ctx)
-    cut = choose_cut(draft, params)
+    cut = choose_cut(draft, params) if draft.over() else draft.cut
     if cut <= draft.cut:
         return plan, []
     positions = range(draft.cut, cut)

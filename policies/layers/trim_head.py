@@ -41,7 +41,8 @@ def trim_head(
             draft.set(position, None)
     notes = [f"{len(draft.changed)} messages dropped"]
     goal = ctx.target_tokens if ctx.floor_tokens <= ctx.target_tokens else ctx.limit_tokens
-    draft.finish()  # the exact count, anchor block included
+    if draft.changed:
+        draft.finish()  # the exact count: the anchors of what was dropped are in the block
     if draft.over(goal) and draft.summary is not None:
         notes.append("summary shortened")
         while draft.over(goal) and draft.summary is not None:

@@ -1,0 +1,93 @@
+"""The mechanical digest: its sections, its cap, and how it rolls earlier summaries in."""
+
+from __future__ import annotations
+
+import json
+
+from policies import Summary, digest
+from tests.conversations import CharCounter
+
+COUNTER = CharCounter()
+
+EVICTED = [
+    {"role": "user", "content": "Please book flight HAT123 for Mia.\nI prefer aisle seats."},
+    {
+        "role": "assistant",
+        "content": "I will book HAT123 now. Next step: confirm the payment.",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {
+                    "name": "book",
+                    "arguments": json.dumps(
+                        {"flight": "HAT123", "passengers": ["Mia"], "note": "x" * 60}
+                    ),
+                },
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "{}\nError: payment failed (card 7447)"},
+    {"role": "assistant", "content": "The payment failed.\nWhich card should I use?"},
+]
+
+
+def test_digest_has_one_section_per_kind_of_item() -> None:
+    assert digest(None, EVICTED, max_tokens=500, counter=COUNTER) == "\n".join(
+        [
+            "User requests:",
+            "- Please book flight HAT123 for Mia. I prefer aisle seats.",
+            "Decisions:",
+            "- I will book HAT123 now.",
+            "Tool calls:",
+            '- book(flight=HAT123, passengers=["Mia"], note=' + "x" * 40 + "…)",
+            "Errors:",
+            "- book: Error: payment failed (card 7447)",
+            "Open items:",
+            "- Next step: confirm the payment.",
+            "- asked: Which card should I use?",
+        ]
+    )
+
+
+def test_digest_keeps_the_newest_items_that_fit_its_cap() -> None:
+    evicted = [{"role": "user", "content": f"request number {i}"} for i in range(100)]
+    text = digest(None, evicted, max_tokens=60, counter=COUNTER)
+    assert COUNTER.text(text) <= 60
+    lines = text.splitlines()
+    assert lines[0] == "User requests:"
+    assert lines[-1] == "- request number 99"
+    assert lines[1:] == [f"- request number {i}" for i in range(100 - len(lines) + 1, 100)]
+
+
+def test_digest_shortens_long_items() -> None:
+    evicted = [{"role": "user", "content": "word " * 500}]
+    (line,) = digest(None, evicted, max_tokens=500, counter=COUNTER).splitlines()[1:]
+    assert line.endswith("…") and COUNTER.text(line) <= 62
+
+
+def test_a_previous_digest_is_extended() -> None:
+    first = digest(None, EVICTED, max_tokens=500, counter=COUNTER)
+    more = [{"role": "user", "content": "Also add insurance."}]
+    rolled = digest(Summary(first, "digest"), more, max_tokens=500, counter=COUNTER)
+    assert rolled.splitlines()[:3] == [
+        "User requests:",
+        "- Please book flight HAT123 for Mia. I prefer aisle seats.",
+        "- Also add insurance.",
+    ]
+    assert "- book: Error: payment failed (card 7447)" in rolled.splitlines()
+
+
+def test_a_previous_llm_summary_is_kept_first_and_shortened() -> None:
+    previous = Summary("Goal: book a trip for Mia. " * 40, "llm")
+    rolled = digest(previous, EVICTED, max_tokens=300, counter=COUNTER)
+    earlier, _, rest = rolled.partition("\nUser requests:\n")
+    assert earlier.startswith("Earlier summary:\nGoal: book a trip for Mia.")
+    assert COUNTER.text(earlier) <= 100
+    assert "- I will book HAT123 now." in rest
+
+
+def test_nothing_to_tell_is_an_empty_digest() -> None:
+    assert (
+        digest(None, [{"role": "assistant", "content": ""}], max_tokens=50, counter=COUNTER) == ""
+    )
