@@ -18,7 +18,7 @@ from policies.conversation import (
 from policies.counting import Counter, image_tokens, media_tokens
 from policies.decision import Decision
 from policies.digest import digest
-from policies.layers import DEFAULT_LAYERS, LAYERS, Layer, LayerSpec, parse_layers
+from policies.layers import DEFAULT_LAYERS, LAYERS, Layer, LayerSpec
 from policies.layers.clear_tool_results import ClearToolResultsParams
 from policies.layers.drop_tool_blocks import DropToolBlocksParams
 from policies.layers.summarize import SummarizeParams
@@ -66,7 +66,6 @@ __all__ = [
     "make_context",
     "media_tokens",
     "message_digest",
-    "parse_layers",
     "render",
     "rounds",
     "tool_blocks",

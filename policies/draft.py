@@ -114,11 +114,8 @@ class Draft:
         if not self.changed and not self._touched:
             return self.plan, []
         plan = self.finish()
-        return plan, [self.decision(layer, detail)]
-
-    def decision(self, layer: str, detail: str = "") -> Decision:
         positions = tuple(sorted(set(self.changed)))
-        return Decision(layer, positions, self.tokens_before, self.tokens, detail)
+        return plan, [Decision(layer, positions, self.tokens_before, self.tokens, detail)]
 
     def header_cost(self, summary: Summary | None) -> int:
         """Tokens of the header message with `summary` and the current anchor block."""

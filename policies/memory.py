@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from policies.message import Message, content_text
 
-MAX_TEXT = 2048
+MAX_TEXT = 2048  # UTF-8 bytes
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ RULES = (
     _rule(
         "remember",
         0.95,
-        r"\b(?:please\s+)?(?:remember|don't forget|do not forget|note)\b(?: that)?",
+        r"\b(?:please\s+)?(?:remember|don't forget|do not forget|note that)\b"
+        r"|\bplease note\b|\bnote:",
     ),
     _rule(
         "preference",
@@ -71,7 +72,8 @@ def memory_candidates(messages: Sequence[Message]) -> list[dict[str, object]]:
             continue
         for sentence in _SENTENCE.split(content_text(message.get("content"))):
             text = sentence.strip()
-            if len(text) < 8 or text in seen:
+            # A question asks rather than tells ("do you remember ...?").
+            if len(text) < 8 or text in seen or text.endswith("?"):
                 continue
             for rule in RULES:
                 if role in rule.roles and rule.pattern.search(text):
@@ -79,7 +81,7 @@ def memory_candidates(messages: Sequence[Message]) -> list[dict[str, object]]:
                     found.append(
                         {
                             "kind": rule.kind,
-                            "text": text[:MAX_TEXT],
+                            "text": text.encode()[:MAX_TEXT].decode(errors="ignore"),
                             "confidence": rule.confidence,
                             "role": role,
                         }

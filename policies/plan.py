@@ -62,6 +62,8 @@ class Plan:
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a plan: {error!r}") from error
+        if plan.cut < 0 or plan.covered < 0 or any(p < 0 for p in plan.edits):
+            raise ValueError("not a plan: a negative position")
         if plan.summary is not None and plan.summary.kind not in ("llm", "digest"):
             raise ValueError(f"not a plan: summary kind {plan.summary.kind!r}")
         if not all(edit is None or isinstance(edit, dict) for edit in plan.edits.values()):

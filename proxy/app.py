@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,7 +18,7 @@ from .admin import Admin
 from .chat import ChatHandler
 from .compactor import Compactor
 from .config import Config
-from .errors import NotFound, ProxyError, error_body
+from .errors import NotFound, ProxyError, UpstreamUnreachable, error_body
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .requests import read_body
 from .store import SessionStore, open_store
@@ -103,11 +103,11 @@ def guarded(handler: Handler, metrics: Metrics) -> Callable[[Request], Awaitable
         except ProxyError as exc:
             metrics.requests.labels("error", str(exc.status_code)).inc()
             return error_response(exc)
+        except ClientDisconnect:
+            return client_gone(metrics)
         except StreamBroken:
             metrics.requests.labels("error", "502").inc()
-            return Response(
-                error_body("the upstream broke off its answer", "upstream_error"), status_code=502
-            )
+            return error_response(UpstreamUnreachable("the upstream broke off its answer"))
         except Exception as exc:
             log.exception("unexpected error", extra={"error": type(exc).__name__})
             metrics.requests.labels("error", "500").inc()
@@ -120,6 +120,13 @@ def guarded(handler: Handler, metrics: Metrics) -> Callable[[Request], Awaitable
     return endpoint
 
 
+def client_gone(metrics: Metrics) -> Response:
+    """The answer to a client that went away: nobody reads it, the metrics count it (as
+    nginx does, 499)."""
+    metrics.requests.labels("error", "499").inc()
+    return Response(status_code=499)
+
+
 class _Endpoint:
     """Adapts a handler that returns any ASGI app (a Response or a Relay) to a route.
 
@@ -128,8 +135,9 @@ class _Endpoint:
     holding a connection until the first-byte timeout.
     """
 
-    def __init__(self, handler: Callable[[Request], Awaitable[ASGIApp]]) -> None:
+    def __init__(self, handler: Callable[[Request], Awaitable[ASGIApp]], metrics: Metrics) -> None:
         self.handler = handler
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body_read = asyncio.Event()
@@ -143,13 +151,16 @@ class _Endpoint:
         handler = asyncio.ensure_future(self.handler(Request(scope, receive_body, send)))
         watch = asyncio.ensure_future(_disconnect_after(body_read, receive))
         await asyncio.wait((handler, watch), return_when=asyncio.FIRST_COMPLETED)
+        app: ASGIApp
         if not handler.done():
             handler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await handler
-            return  # nobody is left to answer
-        watch.cancel()
-        await handler.result()(scope, receive, send)
+            app = client_gone(self.metrics)
+        else:
+            watch.cancel()
+            app = handler.result()
+        await app(scope, receive, send)
 
 
 async def _disconnect_after(body_read: asyncio.Event, receive: Receive) -> None:
@@ -193,7 +204,7 @@ def create_app(
             await store.close()
 
     def route(path: str, handler: Handler, methods: list[str]) -> Route:
-        return Route(path, _Endpoint(guarded(handler, metrics)), methods=methods)
+        return Route(path, _Endpoint(guarded(handler, metrics), metrics), methods=methods)
 
     routes: list[BaseRoute] = [
         route("/v1/chat/completions", proxy.chat, ["POST"]),

@@ -175,9 +175,9 @@ class Compactor:
         view = self._view(turn)
         tokens = tokens_before if view is messages else counter.count(view, fixed=turn.fixed)
         pending = turn.loaded.state.pending
-        if self._calibrated(turn, tokens) >= turn.budget.compact_tokens or pending is not None:
+        if tokens >= turn.budget.compact_tokens or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
-        if self._calibrated(turn, tokens) >= turn.budget.prepare_tokens:
+        if tokens >= turn.budget.prepare_tokens:
             self._prepare_ahead(turn, tokens)
         if view is messages:
             return Forward(chat.raw, chat.key, "none", turn.loaded.store, tokens, tokens)
@@ -206,6 +206,7 @@ class Compactor:
 
     async def _turn(self, chat: Chat) -> Turn:
         limits = self.limits(chat.model)
+        loaded = await self._load(chat.key)
         policy = chat.policy
         budget = policies.make_budget(
             window=limits.window,
@@ -217,8 +218,9 @@ class Compactor:
             compact_at=policy.compact_at,
             target=policy.target,
         )
+        ratio = self._calibration.get(chat.key) or loaded.state.calibration or 1.0
+        budget = _in_counted_tokens(budget, ratio)
         chain = policies.Chain(chat.messages, self.digests)
-        loaded = await self._load(chat.key)
         fixed = limits.counter.fixed(chat.body)
         return Turn(chat, limits, budget, fixed, chain, loaded, loaded.state.branch(chain))
 
@@ -227,10 +229,6 @@ class Compactor:
             return turn.chat.messages
         role = turn.chat.policy.compaction.summary_role
         return policies.render(turn.chat.messages, turn.plan, summary_role=role)
-
-    def _calibrated(self, turn: Turn, tokens: int) -> float:
-        ratio = self._calibration.get(turn.chat.key) or turn.loaded.state.calibration or 1.0
-        return tokens * ratio
 
     async def _compact(
         self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None
@@ -251,7 +249,10 @@ class Compactor:
                 params=chat.policy.compaction,
                 counter=turn.limits.counter,
                 fixed_tokens=turn.fixed,
-                summarizer=self._summarizer(turn),
+                # Instructions are for a new summary: a prepared one never saw them.
+                summarizer=self._summarizer(
+                    turn, None if instructions else turn.loaded.state.prepared
+                ),
                 instructions=instructions or None,
                 target_tokens=target,
             )
@@ -274,7 +275,7 @@ class Compactor:
             anchors_complete=result.anchors_complete,
         )
 
-    def _summarizer(self, turn: Turn) -> policies.Summarizer:
+    def _summarizer(self, turn: Turn, prepared: Prepared | None) -> policies.Summarizer:
         chat = turn.chat
         settings = chat.policy.summarizer
         upstream = self.config.upstreams[settings.upstream] if settings.upstream else chat.upstream
@@ -291,7 +292,6 @@ class Compactor:
             metrics=self.metrics,
             cooldowns=self.cooldowns,
         )
-        prepared = turn.loaded.state.prepared
         if prepared is None:
             return llm
         return functools.partial(_with_prepared, llm, prepared, turn.chain, limits.counter)
@@ -315,7 +315,7 @@ class Compactor:
             return
         try:
             made: list[tuple[policies.SummaryRequest, str]] = []
-            llm = self._summarizer(dataclasses.replace(turn, loaded=_without_prepared(turn)))
+            llm = self._summarizer(turn, None)
 
             async def recording(request: policies.SummaryRequest) -> str:
                 text = await llm(request)
@@ -457,11 +457,25 @@ class Compactor:
             turn.branch = loaded.state.branch(turn.chain)
             view = self._view(turn)
             tokens = turn.limits.counter.count(view, fixed=turn.fixed)
-            if turn.branch is None or self._calibrated(turn, tokens) >= turn.budget.compact_tokens:
+            if turn.branch is None or tokens >= turn.budget.compact_tokens:
                 return None
             body = orjson.dumps({**turn.chat.body, "messages": view})
             return Forward(body, turn.chat.key, "replayed", "ok", tokens_before, tokens)
         return None
+
+
+def _in_counted_tokens(budget: policies.Budget, ratio: float) -> policies.Budget:
+    """The budget in the counter's tokens when the upstream counts `ratio` times as many
+    (calibration): every level, the target too, then holds in the upstream's own tokens."""
+    if ratio == 1.0:
+        return budget
+    return dataclasses.replace(
+        budget,
+        limit=int(budget.limit / ratio),
+        prepare_tokens=int(budget.prepare_tokens / ratio),
+        compact_tokens=int(budget.compact_tokens / ratio),
+        target_tokens=int(budget.target_tokens / ratio),
+    )
 
 
 def _lock_ttl(policy: Policy) -> float:
@@ -477,12 +491,6 @@ def _prepared_for(prepared: Prepared | None, turn: Turn) -> bool:
         and prepared.start == plan.cut
         and prepared.base == text_hash(plan.summary)
         and turn.chain.prefix(prepared.end) == prepared.chain
-    )
-
-
-def _without_prepared(turn: Turn) -> Loaded:
-    return dataclasses.replace(
-        turn.loaded, state=dataclasses.replace(turn.loaded.state, prepared=None)
     )
 
 

@@ -170,6 +170,10 @@ class Config:
         if data["admin"]["token"]:
             data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
         data["store"]["url"] = _mask_url(data["store"]["url"])
+        for policy in data["policies"].values():
+            # As written in the file: a layer is a mapping of its name to its parameters.
+            compaction = policy["compaction"]
+            compaction["layers"] = [{name: params} for name, params in compaction["layers"]]
         return data
 
 

@@ -54,11 +54,65 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
             raise InvalidRequest(
                 f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
             )
+        _check_message(message, f"messages[{i}]")
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidRequest(f"'{name}' must be an integer", param=name)
     return body
+
+
+def _check_message(message: dict[str, Any], where: str) -> None:
+    """The fields compaction reads have the types OpenAI requires of them.
+
+    OpenAI refuses these requests too; checking here keeps a malformed message that would
+    need compacting from reaching the compaction layers, which assume OpenAI's shapes.
+    """
+    content = message.get("content")
+    if not (content is None or isinstance(content, str) or _all_typed_objects(content)):
+        raise _invalid_type(f"{where}.content", "a string or an array of typed objects", content)
+    for name in ("tool_call_id", "name"):
+        _check_string(message.get(name), f"{where}.{name}")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise _invalid_type(f"{where}.tool_calls", "an array of objects", calls)
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict):
+            raise _invalid_type(at, "an object", call)
+        _check_string(call.get("id"), f"{at}.id")
+        function = call.get("function")
+        if function is None:
+            continue
+        if not isinstance(function, dict):
+            raise _invalid_type(f"{at}.function", "an object", function)
+        for name in ("name", "arguments"):
+            _check_string(function.get(name), f"{at}.function.{name}")
+
+
+def _all_typed_objects(content: Any) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
+    )
+
+
+def _check_string(value: Any, param: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _invalid_type(param, "a string", value)
+
+
+_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+
+
+def _invalid_type(param: str, expected: str, value: Any) -> InvalidRequest:
+    got = "null" if value is None else _KINDS.get(type(value), "a number")
+    return InvalidRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
+        param=param,
+        code="invalid_type",
+    )
 
 
 def max_output_requested(body: dict[str, Any]) -> int | None:

@@ -8,9 +8,10 @@ candidates and the calibration of the token counter against the upstream's own c
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -95,23 +96,51 @@ class SessionState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:
-        """The state of `to_bytes`; ValueError for anything else (a corrupt record)."""
+        """The state of `to_bytes`; ValueError for anything else (a corrupt record), checked
+        field by field so that a state read from the store cannot fail a request later."""
         try:
             raw = orjson.loads(data)
             prepared = raw.get("prepared")
-            return cls(
+            calibration = raw.get("calibration")
+            state = cls(
                 branches=tuple(
                     Branch(policies.Plan.from_dict(b["plan"]), str(b["chain"]), float(b["used"]))
-                    for b in raw["branches"]
+                    for b in _expect(raw["branches"], list)
                 ),
-                prepared=Prepared(**prepared) if prepared else None,
-                decisions=tuple(raw.get("decisions") or ()),
-                memory=tuple(raw.get("memory") or ()),
-                calibration=raw.get("calibration"),
-                pending=raw.get("pending"),
+                prepared=_checked_prepared(Prepared(**prepared)) if prepared else None,
+                decisions=tuple(_expect(d, dict) for d in raw.get("decisions") or ()),
+                memory=tuple(_expect(m, dict) for m in raw.get("memory") or ()),
+                calibration=None if calibration is None else _ratio(calibration),
+                pending=None if raw.get("pending") is None else _expect(raw["pending"], str),
             )
+            for memory in state.memory:
+                _expect(memory.get("text"), str)
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a session state: {type(exc).__name__}") from None
+        return state
+
+
+T = TypeVar("T")
+
+
+def _expect(value: Any, kind: type[T]) -> T:
+    if not isinstance(value, kind):
+        raise TypeError(f"expected {kind.__name__}")
+    return value
+
+
+def _ratio(value: Any) -> float:
+    if type(value) not in (int, float) or not 0 < value < math.inf:
+        raise TypeError("a calibration is a positive number")
+    return float(value)
+
+
+def _checked_prepared(prepared: Prepared) -> Prepared:
+    for name in ("start", "end"):
+        _expect(getattr(prepared, name), int)
+    for name in ("chain", "base", "text"):
+        _expect(getattr(prepared, name), str)
+    return prepared
 
 
 def _capped(candidate: dict[str, Any]) -> dict[str, Any]:

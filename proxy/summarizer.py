@@ -169,6 +169,8 @@ class LLMSummarizer:
                     text = await self._attempt(headers, body)
             except TimeoutError:
                 failure = "timeout"
+            except SummaryFailed as exc:
+                failure = str(exc)
             except Exception as exc:  # every failure is retried, then degrades
                 failure = type(exc).__name__
             else:
@@ -192,11 +194,15 @@ class LLMSummarizer:
         if response.status != 200:
             raise SummaryFailed(f"status {response.status}")
         answer: Any = orjson.loads(payload)
-        content = answer["choices"][0]["message"].get("content")
+        choice = answer["choices"][0]
+        if choice.get("finish_reason") == "length":
+            # Cut off at max_tokens: the summary lost its end (its last sections).
+            raise SummaryFailed("overlong")
+        content = choice["message"].get("content")
         return content.strip() if isinstance(content, str) else ""
 
 
-_OUTCOMES = {"timeout", "empty"}
+_OUTCOMES = {"timeout", "empty", "overlong"}
 
 
 def _prompt(

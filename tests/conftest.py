@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, loads
 from proxy.tokens import configure_offline_encodings
@@ -39,6 +41,16 @@ def config_for(up: FakeUpstream, **sections: Any) -> Config:
     """A config whose one upstream, `fake`, is `up`; `sections` are merged into it."""
     data = merged({"upstreams": {"fake": {"base_url": up.base_url}}}, sections)
     return loads(yaml.safe_dump(data))
+
+
+def metric(http: httpx.Client, server: ServerThread, name: str, **labels: str) -> float:
+    """The current value of one sample of the proxy's /metrics (0 when absent)."""
+    text = http.get(server.url + "/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
 
 
 @pytest.fixture(scope="session")
@@ -72,3 +84,10 @@ def server(shared_server: ServerThread, upstream: FakeUpstream) -> ServerThread:
 def proxy_config(upstream: FakeUpstream) -> ConfigFactory:
     """`proxy_config(listen={...}, ...)`: a config in front of `upstream`, sections merged in."""
     return lambda **sections: config_for(upstream, **sections)
+
+
+@pytest.fixture(scope="session")
+def http() -> Iterator[httpx.Client]:
+    """One HTTP client for the session: making a client costs tens of milliseconds."""
+    with httpx.Client(timeout=10) as client:
+        yield client

@@ -100,7 +100,7 @@ SUMMARIZERS: list[Callable[[SummaryRequest], Awaitable[str]] | None] = [
 
 
 @settings(
-    max_examples=250,
+    max_examples=400,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

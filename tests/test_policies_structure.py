@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import (
+    Chain,
     Plan,
     Summary,
     canonical,
-    Chain,
     current_turn,
     current_turn_start,
     image_tokens,
@@ -147,7 +147,9 @@ def test_canonical_form_sees_what_the_model_sees() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(conversations(), st.data())
-def test_chain_prefixes_identify_prefixes_without_system_messages(messages: list[dict], data) -> None:
+def test_chain_prefixes_identify_prefixes_without_system_messages(
+    messages: list[dict], data
+) -> None:
     hashes = _prefixes(messages)
     chain = [m for m in messages if m["role"] not in ("system", "developer")]
     assert len(hashes) == len(chain)
@@ -156,6 +158,13 @@ def test_chain_prefixes_identify_prefixes_without_system_messages(messages: list
     assert _prefixes(messages[:cut]) == hashes[: len(_prefixes(messages[:cut]))]
     other_system = [{**m, "content": "changed"} if m["role"] == "system" else m for m in messages]
     assert _prefixes(other_system) == hashes
+    if chain:
+        k = data.draw(st.integers(0, len(chain) - 1))
+        edited = list(chain)
+        edited[k] = {**edited[k], "content": "edited!"}
+        again = _prefixes(edited)
+        assert again[:k] == hashes[:k]
+        assert all(a != b for a, b in zip(again[k:], hashes[k:], strict=True))
     if chain:
         k = data.draw(st.integers(0, len(chain) - 1))
         edited = list(chain)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -12,10 +14,15 @@ import openai
 import orjson
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ConfigFactory
-from tests.fake_upstream import FakeUpstream, count_prompt_tokens, reply_text
+from proxy.logs import JsonFormatter
+from tests.conftest import ConfigFactory, metric
+from tests.fake_upstream import (
+    FakeUpstream,
+    count_prompt_tokens,
+    is_summary_request,
+    reply_text,
+)
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"
@@ -58,16 +65,6 @@ def check_compaction_headers(headers: httpx.Headers) -> None:
     assert float(headers["x-compaction-overhead-ms"]) >= 0
 
 
-def metric(server: ServerThread, name: str, **labels: str) -> float:
-    """The current value of one sample of the proxy's /metrics (0 when absent)."""
-    text = httpx.get(server.url + "/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    return 0.0
-
-
 def test_sync_sdk_completion_forwards_the_clients_bytes(
     server: ServerThread, upstream: FakeUpstream
 ) -> None:
@@ -98,7 +95,7 @@ def test_every_field_reaches_the_upstream_unchanged(
     completion = sdk(server, sent).chat.completions.create(
         model="gpt-4o-mini",
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "é?"}],
-        tools=[WEATHER],  # type: ignore[list-item]
+        tools=[WEATHER],
         tool_choice="required",
         parallel_tool_calls=False,
         response_format={
@@ -122,8 +119,8 @@ def test_every_field_reaches_the_upstream_unchanged(
     assert len(completion.choices) == 2
     for choice in completion.choices:
         (call,) = choice.message.tool_calls or []
-        assert call.function.name == "get_weather"  # type: ignore[union-attr]
-        assert set(orjson.loads(call.function.arguments)) == {"city"}  # type: ignore[union-attr]
+        assert call.function.name == "get_weather"
+        assert set(orjson.loads(call.function.arguments)) == {"city"}
 
 
 async def test_async_sdk_tool_round_trip(server: ServerThread, upstream: FakeUpstream) -> None:
@@ -134,10 +131,10 @@ async def test_async_sdk_tool_round_trip(server: ServerThread, upstream: FakeUps
         first = await client.chat.completions.create(
             model="gpt-4o-mini",
             messages=messages,
-            tools=[WEATHER],  # type: ignore[list-item]
+            tools=[WEATHER],
             extra_headers={"x-fake-behavior": "tool-call"},
         )
-        call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+        call = first.choices[0].message.tool_calls[0]
         messages += [
             first.choices[0].message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"},
@@ -145,7 +142,7 @@ async def test_async_sdk_tool_round_trip(server: ServerThread, upstream: FakeUps
         second = await client.chat.completions.create(
             model="gpt-4o-mini",
             messages=messages,
-            tools=[WEATHER],  # type: ignore[list-item]
+            tools=[WEATHER],
         )
 
     assert first.choices[0].finish_reason == "tool_calls"
@@ -156,13 +153,13 @@ async def test_async_sdk_tool_round_trip(server: ServerThread, upstream: FakeUps
 
 
 def test_hand_made_body_reaches_the_upstream_byte_for_byte(
-    server: ServerThread, upstream: FakeUpstream
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
 ) -> None:
     raw = (
         b'{ "messages" :[{"content":"caf\\u00e9  \\n","role":"user", "x_extra": [] }],\n'
         b' "model":"small-8k",   "temperature": 1.0e0, "x_unknown": {"b": [], "a": null} }\n'
     )
-    response = httpx.post(
+    response = http.post(
         server.url + CHAT,
         content=raw,
         headers={"content-type": "application/json", "authorization": "Bearer sk-test"},
@@ -194,9 +191,10 @@ def test_compaction_rewrites_what_goes_upstream(
     assert raw.headers["x-compaction-action"] in ("compacted", "degraded")
     before = int(raw.headers["x-compaction-tokens-before"])
     assert int(raw.headers["x-compaction-tokens-after"]) < before
-    forwarded = upstream.requests[-1].json
-    assert forwarded["messages"][-1] == history[-1]  # the current turn is never changed
-    assert upstream.requests[-1].body != sent[-1].content
+    # the answered request, not a summary the proxy may have asked for on the side
+    (forwarded,) = [r for r in upstream.requests if not is_summary_request(r.headers, r.json)]
+    assert forwarded.json["messages"][-1] == history[-1]  # the current turn is never changed
+    assert forwarded.body != sent[-1].content
 
 
 @pytest.mark.parametrize(
@@ -204,10 +202,15 @@ def test_compaction_rewrites_what_goes_upstream(
     [("", False, 200), ("", True, 200), ("status:429", False, 429), ("status:500", True, 500)],
 )
 def test_compaction_headers_on_every_chat_completion(
-    server: ServerThread, upstream: FakeUpstream, behavior: str, stream: bool, status: int
+    http: httpx.Client,
+    server: ServerThread,
+    upstream: FakeUpstream,
+    behavior: str,
+    stream: bool,
+    status: int,
 ) -> None:
     body = {"model": "small-8k", "messages": HELLO, "stream": stream}
-    response = httpx.post(server.url + CHAT, json=body, headers={"x-fake-behavior": behavior})
+    response = http.post(server.url + CHAT, json=body, headers={"x-fake-behavior": behavior})
     assert response.status_code == status
     check_compaction_headers(response.headers)
 
@@ -220,19 +223,19 @@ def closed_port() -> int:
 
 
 def test_store_down_fails_open_and_readyz_says_so(
-    proxy_config: ConfigFactory, upstream: FakeUpstream, closed_port: int
+    http: httpx.Client, proxy_config: ConfigFactory, upstream: FakeUpstream, closed_port: int
 ) -> None:
     config = proxy_config(store={"url": f"redis://127.0.0.1:{closed_port}/0"})
     with proxy_server(config) as server:
-        response = httpx.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
+        response = http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
         assert response.status_code == 200
         assert response.headers["x-compaction-store"] == "unavailable"
         assert response.json()["choices"][0]["message"]["content"].startswith("Fake reply")
-        ready = httpx.get(server.url + "/readyz")
+        ready = http.get(server.url + "/readyz")
         assert ready.status_code == 503
         assert ready.json()["store"] == "unavailable"
-        assert metric(server, "compaction_proxy_store_errors_total", operation="get") >= 1
-        assert httpx.get(server.url + "/healthz").status_code == 200
+        assert metric(http, server, "compaction_proxy_store_errors_total", operation="get") >= 1
+        assert http.get(server.url + "/healthz").status_code == 200
 
 
 @pytest.fixture
@@ -248,38 +251,42 @@ def redis_prefix() -> Iterator[str]:
 
 
 def test_redis_store_serves_and_is_ready(
-    proxy_config: ConfigFactory, upstream: FakeUpstream, redis_prefix: str
+    http: httpx.Client, proxy_config: ConfigFactory, upstream: FakeUpstream, redis_prefix: str
 ) -> None:
     config = proxy_config(store={"url": "redis://127.0.0.1:6379/0", "key_prefix": redis_prefix})
     with proxy_server(config) as server:
-        response = httpx.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
+        response = http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
         assert response.status_code == 200
         assert response.headers["x-compaction-store"] == "ok"
-        assert httpx.get(server.url + "/readyz").json() == {"status": "ready", "store": "ok"}
+        assert http.get(server.url + "/readyz").json() == {"status": "ready", "store": "ok"}
 
 
-def test_metrics_count_requests(server: ServerThread, upstream: FakeUpstream) -> None:
+def test_metrics_count_requests(
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+) -> None:
     labels = {"route": "chat", "status": "200"}
-    before = metric(server, "compaction_proxy_requests_total", **labels)
-    latency = metric(server, "compaction_proxy_upstream_first_byte_seconds_count")
+    before = metric(http, server, "compaction_proxy_requests_total", **labels)
+    latency = metric(http, server, "compaction_proxy_upstream_first_byte_seconds_count")
     passthrough = metric(
-        server, "compaction_proxy_requests_total", route="passthrough", status="200"
+        http, server, "compaction_proxy_requests_total", route="passthrough", status="200"
     )
-    httpx.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
-    httpx.get(server.url + "/v1/models")
+    http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
+    http.get(server.url + "/v1/models")
 
-    assert metric(server, "compaction_proxy_requests_total", **labels) == before + 1
-    assert metric(server, "compaction_proxy_upstream_first_byte_seconds_count") == latency + 1
-    after = metric(server, "compaction_proxy_requests_total", route="passthrough", status="200")
+    assert metric(http, server, "compaction_proxy_requests_total", **labels) == before + 1
+    assert metric(http, server, "compaction_proxy_upstream_first_byte_seconds_count") == latency + 1
+    after = metric(
+        http, server, "compaction_proxy_requests_total", route="passthrough", status="200"
+    )
     assert after == passthrough + 1
-    response = httpx.get(server.url + "/metrics")
+    response = http.get(server.url + "/metrics")
     assert response.headers["content-type"].startswith("text/plain")
-    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
-    assert httpx.get(server.url + "/readyz").status_code == 200
+    assert http.get(server.url + "/healthz").json() == {"status": "ok"}
+    assert http.get(server.url + "/readyz").status_code == 200
 
 
 def test_the_client_cannot_choose_the_upstream(
-    server: ServerThread, upstream: FakeUpstream
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
 ) -> None:
     with FakeUpstream() as decoy:
         elsewhere = f"127.0.0.1:{decoy.port}"
@@ -295,8 +302,8 @@ def test_the_client_cannot_choose_the_upstream(
             "base_url": decoy.base_url,
             "api_base": decoy.base_url,
         }
-        chat = httpx.post(server.url + CHAT, json=body, headers=headers)
-        models = httpx.get(server.url + "/v1/models", headers=headers)
+        chat = http.post(server.url + CHAT, json=body, headers=headers)
+        models = http.get(server.url + "/v1/models", headers=headers)
         assert decoy.requests == []
     assert chat.status_code == models.status_code == 200
     assert [r.path for r in upstream.requests] == [CHAT, "/v1/models"]
@@ -305,7 +312,7 @@ def test_the_client_cannot_choose_the_upstream(
 
 
 def test_routes_choose_the_upstream_by_model_and_by_policy_header(
-    proxy_config: ConfigFactory, upstream: FakeUpstream
+    http: httpx.Client, proxy_config: ConfigFactory, upstream: FakeUpstream
 ) -> None:
     with FakeUpstream() as other:
         config = proxy_config(
@@ -319,7 +326,7 @@ def test_routes_choose_the_upstream_by_model_and_by_policy_header(
 
             def post(model: str, **headers: str) -> None:
                 body = {"model": model, "messages": HELLO}
-                response = httpx.post(server.url + CHAT, json=body, headers=headers)
+                response = http.post(server.url + CHAT, json=body, headers=headers)
                 assert response.status_code == 200
 
             post("other-model")
@@ -329,3 +336,27 @@ def test_routes_choose_the_upstream_by_model_and_by_policy_header(
         assert [r.json["model"] for r in other.requests] == ["other-model", "small-8k"]
         assert "x-compaction-policy" not in other.requests[-1].headers
     assert [r.json["model"] for r in upstream.requests] == ["small-8k", "small-8k"]
+
+
+def test_logs_hold_no_credentials_or_message_text(
+    http: httpx.Client,
+    server: ServerThread,
+    upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret_key, secret_text = "sk-log-secret-4242", "my password is hunter2"
+    headers = {"authorization": f"Bearer {secret_key}"}
+    messages = [{"role": "user", "content": secret_text}]
+    caplog.set_level(logging.DEBUG)
+    for behavior in ("", "status:500", "reset-mid-stream"):
+        for stream in (False, True):
+            body = {"model": "small-8k", "messages": messages, "stream": stream}
+            with contextlib.suppress(httpx.TransportError):
+                http.post(
+                    server.url + CHAT, json=body, headers={**headers, "x-fake-behavior": behavior}
+                )
+    assert caplog.records  # the proxy does log these requests
+    formatter = JsonFormatter()
+    for record in caplog.records:
+        line = formatter.format(record)
+        assert secret_key not in line and "hunter2" not in line

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import loads
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, metric
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -49,12 +49,17 @@ def check_error(response: httpx.Response, status: int) -> dict[str, Any]:
         (b'{"model": "small-8k", "messages": {"role": "user"}}', "messages"),
         (b'{"model": "small-8k", "messages": [1]}', "messages[0]"),
         (b'{"model": "small-8k", "messages": [], "max_tokens": "5"}', "max_tokens"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": {}}]}', "messages[0].content"),
+        (
+            b'{"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": [1]}]}]}',
+            "messages[0].tool_calls[0].id",
+        ),
     ],
 )
 def test_bad_requests_get_a_400(
-    server: ServerThread, upstream: FakeUpstream, body: bytes, param: str | None
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream, body: bytes, param: str | None
 ) -> None:
-    response = httpx.post(server.url + CHAT, content=body)
+    response = http.post(server.url + CHAT, content=body)
     error = check_error(response, 400)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
@@ -73,20 +78,22 @@ def padded(size: int) -> bytes:
     return body.replace(b'"content":""', b'"content":"' + b"x" * (size - len(body)) + b'"')
 
 
-def test_the_body_cap(small_body_server: ServerThread, upstream: FakeUpstream) -> None:
+def test_the_body_cap(
+    http: httpx.Client, small_body_server: ServerThread, upstream: FakeUpstream
+) -> None:
     url = small_body_server.url
-    assert httpx.post(url + CHAT, content=padded(2048)).status_code == 200
-    check_error(httpx.post(url + CHAT, content=padded(2049)), 413)
+    assert http.post(url + CHAT, content=padded(2048)).status_code == 200
+    check_error(http.post(url + CHAT, content=padded(2049)), 413)
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: the cap holds while reading
         body = padded(4000)
         yield from (body[i : i + 500] for i in range(0, len(body), 500))
 
-    response = httpx.post(url + CHAT, content=chunked())
+    response = http.post(url + CHAT, content=chunked())
     assert check_error(response, 413)["code"] == "request_too_large"
-    check_error(httpx.post(url + "/v1/embeddings", content=chunked()), 413)
+    check_error(http.post(url + "/v1/embeddings", content=chunked()), 413)
     assert len(upstream.requests) == 1
-    assert httpx.post(url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
+    assert http.post(url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
 
 
 @pytest.fixture
@@ -96,26 +103,26 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_unreachable_upstream_is_a_502(closed_port: int) -> None:
+def test_unreachable_upstream_is_a_502(http: httpx.Client, closed_port: int) -> None:
     config = loads(f"upstreams:\n  gone:\n    base_url: http://127.0.0.1:{closed_port}/v1\n")
     with proxy_server(config) as server:
-        chat = httpx.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
+        chat = http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
         assert check_error(chat, 502)["code"] == "upstream_unreachable"
-        check_error(httpx.get(server.url + "/v1/models"), 502)
+        check_error(http.get(server.url + "/v1/models"), 502)
 
 
 def test_no_first_byte_in_time_is_a_504(
-    proxy_config: ConfigFactory, upstream: FakeUpstream
+    http: httpx.Client, proxy_config: ConfigFactory, upstream: FakeUpstream
 ) -> None:
     config = proxy_config(upstreams={"fake": {"timeouts": {"first_byte": 0.3}}})
     hang = {"x-fake-behavior": "hang"}
     with proxy_server(config) as server:
         started = time.perf_counter()
         body = {"model": "small-8k", "messages": HELLO, "stream": True}
-        chat = httpx.post(server.url + CHAT, json=body, headers=hang)
+        chat = http.post(server.url + CHAT, json=body, headers=hang)
         assert time.perf_counter() - started < 2
         assert check_error(chat, 504)["code"] == "upstream_timeout"
-        check_error(httpx.get(server.url + "/v1/models", headers=hang), 504)
+        check_error(http.get(server.url + "/v1/models", headers=hang), 504)
         # the proxy gave up on both upstream requests rather than leaving them open
         assert upstream.wait_for(lambda: upstream.cancelled == 2)
 
@@ -124,9 +131,9 @@ def test_no_first_byte_in_time_is_a_504(
     ("method", "path"), [("GET", "/"), ("GET", "/foo"), ("POST", "/v2/chat/completions")]
 )
 def test_paths_outside_v1_are_a_404(
-    server: ServerThread, upstream: FakeUpstream, method: str, path: str
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream, method: str, path: str
 ) -> None:
-    response = httpx.request(method, server.url + path)
+    response = http.request(method, server.url + path)
     assert check_error(response, 404)["code"] == "not_found"
     assert upstream.requests == []
 
@@ -134,12 +141,17 @@ def test_paths_outside_v1_are_a_404(
 @pytest.mark.parametrize("behavior", ["status:429", "status:500", "status:503", "status:418"])
 @pytest.mark.parametrize(("method", "path"), [("POST", CHAT), ("GET", "/v1/models")])
 def test_upstream_errors_reach_the_client_unchanged(
-    server: ServerThread, upstream: FakeUpstream, behavior: str, method: str, path: str
+    http: httpx.Client,
+    server: ServerThread,
+    upstream: FakeUpstream,
+    behavior: str,
+    method: str,
+    path: str,
 ) -> None:
     body = orjson.dumps({"model": "small-8k", "messages": HELLO})
     headers = {"x-fake-behavior": behavior, "content-type": "application/json"}
-    direct = httpx.request(method, upstream.origin + path, content=body, headers=headers)
-    proxied = httpx.request(method, server.url + path, content=body, headers=headers)
+    direct = http.request(method, upstream.origin + path, content=body, headers=headers)
+    proxied = http.request(method, server.url + path, content=body, headers=headers)
     assert proxied.status_code == direct.status_code == int(behavior.split(":")[1])
     assert proxied.content == direct.content
     assert proxied.headers["content-type"] == direct.headers["content-type"]
@@ -151,7 +163,7 @@ def test_upstream_validation_errors_reach_the_sdk(
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
     orphan = [*HELLO, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model="small-8k", messages=orphan)  # type: ignore[arg-type]
+        client.chat.completions.create(model="small-8k", messages=orphan)
     assert bad.value.code is None and "role 'tool'" in bad.value.message
     with pytest.raises(openai.RateLimitError) as limited:
         client.chat.completions.create(
@@ -164,13 +176,15 @@ def test_upstream_validation_errors_reach_the_sdk(
     assert denied.value.code == "invalid_api_key"
 
 
-def test_an_answer_cut_short_is_a_502(server: ServerThread, upstream: FakeUpstream) -> None:
+def test_an_answer_cut_short_is_a_502(
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+) -> None:
     body = {"model": "small-8k", "messages": HELLO}
-    response = httpx.post(
+    response = http.post(
         server.url + CHAT, json=body, headers={"x-fake-behavior": "reset-mid-stream"}
     )
     check_error(response, 502)
-    assert httpx.post(server.url + CHAT, json=body).is_success
+    assert http.post(server.url + CHAT, json=body).is_success
 
 
 @pytest.mark.parametrize(
@@ -178,11 +192,17 @@ def test_an_answer_cut_short_is_a_502(server: ServerThread, upstream: FakeUpstre
     [("POST", CHAT, False), ("POST", CHAT, True), ("GET", "/v1/models", False)],
 )
 def test_client_gone_while_the_upstream_hangs_cancels_it(
-    server: ServerThread, upstream: FakeUpstream, method: str, path: str, stream: bool
+    http: httpx.Client,
+    server: ServerThread,
+    upstream: FakeUpstream,
+    method: str,
+    path: str,
+    stream: bool,
 ) -> None:
     body = orjson.dumps({"model": "small-8k", "messages": HELLO, "stream": stream})
+    before = gone(http, server)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.request(
+        http.request(
             method,
             server.url + path,
             content=body if method == "POST" else None,
@@ -190,7 +210,32 @@ def test_client_gone_while_the_upstream_hangs_cancels_it(
             timeout=httpx.Timeout(5, read=0.3),
         )
     assert upstream.wait_for(lambda: upstream.cancelled == 1, timeout=3)
-    assert httpx.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
+    assert http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
+    assert gone(http, server) == before + 1
+
+
+def gone(http: httpx.Client, server: ServerThread) -> float:
+    """Requests whose client went away before its answer."""
+    return metric(http, server, "compaction_proxy_requests_total", route="error", status="499")
+
+
+def test_client_gone_while_sending_its_body(
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+) -> None:
+    before = gone(http, server)
+    failed = metric(http, server, "compaction_proxy_requests_total", route="error", status="500")
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b'POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 999\r\n\r\n{"m')
+    deadline = time.monotonic() + 3
+    while gone(http, server) == before:
+        assert time.monotonic() < deadline, "the proxy did not notice"
+        time.sleep(0.02)
+    assert gone(http, server) == before + 1
+    assert (
+        metric(http, server, "compaction_proxy_requests_total", route="error", status="500")
+        == failed
+    )
+    assert upstream.requests == []
 
 
 # -- never a 5xx from random input ----------------------------------------------------------------
@@ -222,6 +267,7 @@ messages = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant", "system", "tool", "developer", "x"])},
     optional={
         "content": st.text(max_size=30)
+        | st.integers(400, 2500).map(lambda n: "long words " * n)  # to make the proxy compact
         | json_values
         | st.lists(
             st.fixed_dictionaries(
@@ -266,14 +312,17 @@ bodies = (
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(body=bodies, session=st.none() | st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1))
+@given(
+    body=bodies,
+    session=st.none() | st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1),
+)
 def test_random_bodies_never_get_a_5xx(
-    shared_server: ServerThread, body: bytes, session: str | None
+    http: httpx.Client, shared_server: ServerThread, body: bytes, session: str | None
 ) -> None:
     headers = {"content-type": "application/json"}
     if session is not None:
         headers["x-session-id"] = session
-    response = httpx.post(shared_server.url + CHAT, content=body, headers=headers)
+    response = http.post(shared_server.url + CHAT, content=body, headers=headers)
     assert response.status_code < 500, (body, response.text)
     if response.status_code >= 400:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}

@@ -8,8 +8,7 @@ dataclass, whose fields are what a policy may configure. A policy's layers are L
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -48,42 +47,3 @@ LAYERS: Mapping[str, Layer] = {
 }
 
 DEFAULT_LAYERS = tuple(LayerSpec(name, layer.params()) for name, layer in LAYERS.items())
-
-
-def parse_layers(config: Sequence[str | Mapping[str, Any]]) -> tuple[LayerSpec, ...]:
-    """Layers from configuration: `["trim_head", {"clear_tool_results": {"keep_last": 3}}]`.
-
-    Raises ValueError naming the unknown layer or field, or the invalid value.
-    """
-    layers = []
-    for item in config:
-        if isinstance(item, str):
-            item = {item: {}}
-        if not isinstance(item, Mapping) or len(item) != 1:
-            raise ValueError(f"a layer is a name or a one-key mapping, not {item!r}")
-        ((name, fields),) = item.items()
-        layer = LAYERS.get(name)
-        if layer is None:
-            raise ValueError(f"unknown layer {name!r}; known: {', '.join(LAYERS)}")
-        known = {field.name: field for field in dataclasses.fields(layer.params)}
-        unknown = sorted(set(fields or {}) - set(known))
-        if unknown:
-            raise ValueError(f"layer {name}: unknown fields {unknown}; known: {sorted(known)}")
-        values = {k: _checked(name, known[k], v) for k, v in (fields or {}).items()}
-        try:
-            layers.append(LayerSpec(name, layer.params(**values)))
-        except ValueError as error:
-            raise ValueError(f"layer {name}: {error}") from error
-    return tuple(layers)
-
-
-def _checked(layer: str, field: dataclasses.Field[Any], value: object) -> object:
-    """The value in the type of the field's default (lists become tuples)."""
-    value = tuple(value) if isinstance(value, list) else value
-    default = field.default
-    if default is None or default is dataclasses.MISSING:
-        return value
-    kinds: tuple[type, ...] = (int, float) if isinstance(default, float) else (type(default),)
-    if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, kinds):
-        raise ValueError(f"layer {layer}: {field.name} must be {type(default).__name__}")
-    return value

@@ -1,0 +1,224 @@
+"""Compaction speed: the default policy's pipeline over a ~200k-token conversation, cold and warm,
+and what a request that is not compacted costs the proxy before it is forwarded.
+
+    .venv/bin/python bench/compaction.py [--runs 100]
+
+Compaction: `policies.compact` with the policy of the shipped config.yaml, the mechanical digest
+(no LLM) and the proxy's token counter for gpt-4o at its 128k window; cold is a counter with an
+empty cache (every message tokenised), warm the same counter again (counts cached: the steady
+state of a session, target <= 20 ms). Not compacted: `Compactor.prepare` of the proxy for a
+128k-token request, on the memory store, with its parts timed apart. Prints p50/p99 in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import tiktoken
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import free_port, long_history, machine, percentile
+
+import policies
+from proxy.compactor import Chat, Compactor
+from proxy.config import Config, Policy, load, loads
+from proxy.metrics import Metrics
+from proxy.models import ModelCatalog
+from proxy.state import SessionState
+from proxy.store import MemoryStore
+from proxy.tokens import TokenCounter, counter_for
+from proxy.upstream import UpstreamClient
+
+MODEL = "gpt-4o"
+COMPACT_TOKENS = 200_000
+REQUEST_TOKENS = 128_000
+WARM_TARGET_MS = 20.0
+# MODEL at a window where 128k tokens stay under every level: only counted and forwarded.
+LARGE_MODEL = "bench-gpt-4o-1m"
+LARGE_WINDOW = 1_000_000
+
+
+def fresh_counter() -> TokenCounter:
+    """The proxy's counter for MODEL with an empty cache (counter_for's is shared and warm)."""
+    return TokenCounter(tiktoken.get_encoding(counter_for(MODEL).name))
+
+
+def default_policy() -> Policy:
+    """The `default` policy of the shipped config.yaml."""
+    return load().policies["default"]
+
+
+def budget_for(policy: Policy, window: int, max_tokens: int | None = None) -> policies.Budget:
+    """The budget the proxy gives a request for MODEL at `window` (proxy/compactor.py)."""
+    return policies.make_budget(
+        window=window,
+        model_max_output=ModelCatalog().lookup(MODEL).max_output_tokens,
+        request_max_tokens=max_tokens,
+        reserved_output_tokens=policy.reserved_output_tokens,
+        safety_margin_tokens=policy.safety_margin_tokens,
+        prepare_at=policy.prepare_at,
+        compact_at=policy.compact_at,
+        target=policy.target,
+    )
+
+
+def ms(samples: list[float]) -> str:
+    return f"{percentile(samples, 50) * 1000:8.2f} {percentile(samples, 99) * 1000:8.2f}"
+
+
+async def timed(call: Callable[[], Any], runs: int) -> list[float]:
+    """Seconds each of `runs` calls took (awaiting those that return an awaitable)."""
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = call()
+        if inspect.isawaitable(result):
+            await result
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+# -- compaction ---------------------------------------------------------------------------------
+
+
+async def bench_compaction(runs: int) -> list[str]:
+    messages = long_history(COMPACT_TOKENS, MODEL)
+    policy = default_policy()
+    budget = budget_for(policy, ModelCatalog().lookup(MODEL).context_window or 128_000)
+
+    def compact(counter: TokenCounter) -> Awaitable[policies.Compaction]:
+        return policies.compact(
+            messages,
+            policies.Plan(),
+            budget=budget,
+            params=policy.compaction,
+            counter=counter,
+            fixed_tokens=counter.fixed({}),
+        )
+
+    cold_runs = max(3, runs // 4)
+    cold = []
+    for _ in range(cold_runs):
+        fresh = fresh_counter()
+        started = time.perf_counter()
+        await compact(fresh)
+        cold.append(time.perf_counter() - started)
+    counter = fresh_counter()
+    result = await compact(counter)
+    warm = await timed(lambda: compact(counter), runs)
+    if not result.fits or result.tokens_after > budget.target_tokens:
+        raise RuntimeError(f"the compaction did not reach the target: {result.tokens_after}")
+    layers = ", ".join(f"{d.layer} {d.tokens_before}->{d.tokens_after}" for d in result.decisions)
+    warm_p50 = percentile(warm, 50) * 1000
+    verdict = "ok" if warm_p50 <= WARM_TARGET_MS else "OVER TARGET"
+    return [
+        f"compaction of {len(messages)} messages, {result.tokens_before} tokens -> "
+        f"{result.tokens_after} (window {budget.window}, target {budget.target_tokens}; "
+        f"{len(result.decisions)} decisions: {layers})",
+        f"{'':34} {'p50 ms':>8} {'p99 ms':>8}  runs",
+        f"{'cold (empty count cache)':34} {ms(cold)}  {cold_runs}",
+        f"{'warm (counts cached)':34} {ms(warm)}  {runs}   target p50 <= "
+        f"{WARM_TARGET_MS:g} ms: {verdict}",
+    ]
+
+
+# -- the path of a request that is not compacted ----------------------------------------------
+
+
+def proxy_config() -> Config:
+    """The shipped defaults; LARGE_MODEL is MODEL with a 1M window, where 128k is not compacted."""
+    return loads(
+        f"""
+upstreams:
+  nowhere: {{base_url: "http://127.0.0.1:{free_port()}/v1"}}
+models:
+  - {{match: "{LARGE_MODEL}", context_window: {LARGE_WINDOW}, encoding: o200k_base}}
+"""
+    )
+
+
+def chat_of(config: Config, model: str, messages: list[dict[str, Any]]) -> Chat:
+    body = {"model": model, "messages": messages}
+    policy, upstream = config.route(model, None)
+    return Chat(
+        tenant="bench",
+        session=model,
+        model=model,
+        body=body,
+        raw=orjson.dumps(body),
+        policy=policy,
+        upstream=upstream,
+        max_output=None,
+        credential=None,
+    )
+
+
+async def bench_request(runs: int) -> list[str]:
+    messages = long_history(REQUEST_TOKENS, MODEL)
+    store = MemoryStore(ttl_seconds=3600)
+    config = proxy_config()
+    client = UpstreamClient()
+    compactor = Compactor(config, store, client, Metrics())
+    counter = compactor.limits(MODEL).counter
+    plain = chat_of(config, LARGE_MODEL, messages)  # under every level: forwarded as it is
+    replay = chat_of(config, MODEL, messages)  # over MODEL's compact level: its plan applies
+
+    async def prepare(chat: Chat, *actions: str) -> None:
+        forward = await compactor.prepare(chat)
+        if forward.action not in actions:
+            raise RuntimeError(f"expected {actions}, the proxy did {forward.action}")
+
+    async def get() -> None:
+        record = await store.get(replay.key)
+        assert record is not None
+        SessionState.from_bytes(record.data)
+
+    # The first turn of the replayed session compacts it (its summarizer is unreachable: the
+    # digest stands in) and stores the plan; later turns only apply it.
+    await prepare(replay, "compacted", "degraded")
+    await prepare(plain, "none")  # counts cached, as after the session's first request
+    await prepare(replay, "replayed")
+    lines = [
+        f"a request of {len(messages)} messages, {counter.count(messages)} tokens, not "
+        "compacted (memory store):",
+        f"{'':34} {'p50 ms':>8} {'p99 ms':>8}",
+        f"{'chain (memoised digests)':34} "
+        f"{ms(await timed(lambda: policies.Chain(messages, compactor.digests), runs))}",
+        f"{'count (cached)':34} {ms(await timed(lambda: counter.count(messages), runs))}",
+        f"{'store get + parse':34} {ms(await timed(get, runs))}",
+        f"{'Compactor.prepare, action none':34} "
+        f"{ms(await timed(lambda: prepare(plain, 'none'), runs))}",
+        f"{'Compactor.prepare, action replayed':34} "
+        f"{ms(await timed(lambda: prepare(replay, 'replayed'), runs))}",
+    ]
+    await compactor.close()
+    await client.close()
+    return lines
+
+
+async def main() -> None:
+    # The replayed session's summarizer is unreachable on purpose: no warning about it.
+    logging.getLogger("compaction_proxy").setLevel(logging.ERROR)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=100, help="timed runs per figure")
+    args = parser.parse_args()
+    print(machine())
+    for line in await bench_compaction(args.runs):
+        print(line)
+    print()
+    for line in await bench_request(args.runs):
+        print(line)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,266 @@
+"""Replaying conversations through the running proxy turn by turn, as a real client does, and
+measuring what the strict fake upstream received.
+
+    with replay_servers(anchors=[ANCHOR]) as (up, client):
+        turns = replay(client, up, messages, session="s1", model="gpt-4o-8k")
+
+Each `Turn` holds what the client sent, what it got back and the chat requests the upstream
+received for it (the summarizer's requests, marked `x-compaction-summary: 1`, left out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from policies import Message, tool_pair_problems
+from policies.message import visible_text
+from tests.conftest import config_for
+from tests.conversations import load_traces, requests
+from tests.fake_upstream import (
+    ApiError,
+    FakeUpstream,
+    Summarizer,
+    check_window,
+    count_prompt,
+    digest,
+    is_summary_request,
+    text_of,
+    validate_chat,
+)
+from tests.servers import proxy_server
+
+# Model names that both token counters (the proxy's and the fake's) map to o200k_base.
+WINDOWS = {"gpt-4o-4k": 4096, "gpt-4o-8k": 8192, "gpt-4o-16k": 16384, "gpt-4o-32k": 32768}
+MAX_TOKENS = 256  # every replayed request asks for it, so the proxy reserves exactly this
+SAFETY_MARGIN = 256  # the default policy's
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One request of a replay: what the client sent and got, what the upstream received."""
+
+    sent: list[Message]
+    status: int
+    headers: Mapping[str, str]
+    error: Any  # the OpenAI error body the client got, None on success
+    forwarded: list[dict[str, Any]]  # bodies of the chat requests forwarded for this turn
+    reply: str  # the assistant text the client read (streamed or not)
+
+    @property
+    def action(self) -> str | None:
+        return self.headers.get("x-compaction-action")
+
+    @property
+    def view(self) -> list[Message] | None:
+        """The messages the upstream answered, None when the turn was refused."""
+        return self.forwarded[-1]["messages"] if self.forwarded and self.status == 200 else None
+
+    @property
+    def tokens_before(self) -> int:
+        return int(self.headers["x-compaction-tokens-before"])
+
+    @property
+    def tokens_after(self) -> int:
+        return int(self.headers["x-compaction-tokens-after"])
+
+    @property
+    def refused(self) -> bool:
+        """Refused by the proxy itself with its clear 400, without calling the upstream."""
+        code = self.error.get("code") if isinstance(self.error, dict) else None
+        return self.status == 400 and code == "context_length_exceeded" and not self.forwarded
+
+
+def small_summary(body: dict[str, Any]) -> str:
+    """The fake summarizer: deterministic, a few tokens, and it keeps no anchor."""
+    prompt = "\n".join(text_of(m.get("content")) for m in body["messages"])
+    return f"The user and the assistant went on with the task (summary {digest(prompt)})."
+
+
+def joined(size: int, start: int = 0, stop: int | None = None) -> list[list[Message]]:
+    """The recorded traces joined `size` at a time into long sessions: each session keeps the
+    system messages of its first conversation only, as one client talking on would."""
+    traces = [messages for _, messages in load_traces()[start:stop]]
+    return [
+        [
+            m
+            for i, c in enumerate(traces[s : s + size])
+            for m in c
+            if i == 0 or m["role"] != "system"
+        ]
+        for s in range(0, len(traces), size)
+    ]
+
+
+@contextlib.contextmanager
+def replay_servers(
+    *, summarizer: Summarizer = small_summary, **policy: Any
+) -> Iterator[tuple[FakeUpstream, openai.OpenAI]]:
+    """The strict fake upstream, the proxy in front of it (memory store, `policy` merged into
+    the default policy) and the sync openai SDK pointed at the proxy."""
+    with FakeUpstream(windows=WINDOWS, summarizer=summarizer) as up:
+        models = [{"match": name, "context_window": w} for name, w in WINDOWS.items()]
+        config = config_for(up, models=models, policies={"default": policy})
+        with proxy_server(config) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
+            yield up, client
+            client.close()
+
+
+def send(
+    client: openai.OpenAI,
+    up: FakeUpstream,
+    history: list[Message],
+    *,
+    session: str,
+    model: str,
+    stream: bool = False,
+) -> Turn:
+    """One request through the SDK, with what the upstream received for it.
+
+    The history goes in `extra_body`: the SDK's typed transform of `messages` (the identity on
+    plain dicts) costs ~0.4 ms a message, which would triple the replays' time; the SDK still
+    builds, sends and parses the request and maps errors as it always does.
+    """
+    seen = len(up.requests)
+    reply, error, status = "", None, 200
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[],
+            extra_body={"messages": history},
+            max_tokens=MAX_TOKENS,
+            stream=stream,
+            extra_headers={"X-Session-Id": session},
+        )
+        headers = raw.headers
+        answer = raw.parse()
+        if isinstance(answer, openai.Stream):
+            reply = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
+        else:
+            reply = answer.choices[0].message.content or ""
+    except openai.APIStatusError as exc:
+        headers, error, status = exc.response.headers, exc.body, exc.status_code
+    forwarded = [
+        r.json
+        for r in up.requests[seen:]
+        if r.path == CHAT_PATH and not is_summary_request(r.headers, r.json)
+    ]
+    return Turn(history, status, headers, error, forwarded, reply)
+
+
+def replay(
+    client: openai.OpenAI,
+    up: FakeUpstream,
+    messages: Sequence[Message],
+    *,
+    model: str,
+    session: str | None = None,
+    stream: bool = False,
+) -> list[Turn]:
+    """Every request a client makes of `messages`: the history up to each assistant message."""
+    session = session or f"replay-{uuid.uuid4().hex}"
+    return [
+        send(client, up, history, session=session, model=model, stream=stream)
+        for history in requests(messages)
+        if history
+    ]
+
+
+def upstream_rejection(body: dict[str, Any]) -> str | None:
+    """What the strict upstream says against `body`: a malformed request or an overflow."""
+    try:
+        validate_chat(body)
+        check_window(body, WINDOWS[body["model"]])
+    except ApiError as exc:
+        return str(exc)
+    return None
+
+
+def broken_pairs(turns: Sequence[Turn]) -> list[str]:
+    return [p for t in turns for body in t.forwarded for p in tool_pair_problems(body["messages"])]
+
+
+def prompt_tokens(messages: list[Message], model: str) -> int:
+    """The prompt tokens of `messages` as the upstream counts them."""
+    return sum(count_prompt({"model": model, "messages": messages}))
+
+
+def stable(earlier: Sequence[Any], later: Sequence[Any]) -> bool:
+    """Whether `later` starts with `earlier`: the provider's prompt cache still hits."""
+    return len(later) >= len(earlier) and later[: len(earlier)] == earlier
+
+
+@dataclass(frozen=True)
+class Stability:
+    """Of the consecutive pairs of served turns, how many keep the earlier view as a prefix;
+    `trimming` counts only pairs whose later turn was rewritten (not forwarded as sent)."""
+
+    stable: int
+    pairs: int
+    trimming_stable: int
+    trimming_pairs: int
+
+    @property
+    def share(self) -> float:
+        return self.stable / self.pairs if self.pairs else 1.0
+
+    @property
+    def trimming_share(self) -> float:
+        return self.trimming_stable / self.trimming_pairs if self.trimming_pairs else 1.0
+
+
+def stability(
+    sessions: Sequence[Sequence[tuple[Sequence[Any], Sequence[Any] | None]]],
+) -> Stability:
+    """The stability of sessions given as (sent, forwarded) per turn, None when refused."""
+    counts = [0, 0, 0, 0]
+    for turns in sessions:
+        for (_, before), (sent, after) in itertools.pairwise(turns):
+            if before is None or after is None:
+                continue
+            kept = stable(before, after)
+            trimming = after != sent
+            counts[0] += kept
+            counts[1] += 1
+            counts[2] += kept and trimming
+            counts[3] += trimming
+    return Stability(*counts)
+
+
+def anchors_visible(view: Sequence[Message], anchors: Sequence[str]) -> list[str]:
+    """The anchors that `view` does not show (empty when all are visible)."""
+    text = "\n".join(visible_text(m) for m in view)
+    return [a for a in anchors if a not in text]
+
+
+@dataclass(frozen=True)
+class TracesReplay:
+    """Every recorded trace replayed at one window, joined into long sessions."""
+
+    model: str
+    sessions: list[list[Turn]]
+
+    @property
+    def turns(self) -> list[Turn]:
+        return [t for s in self.sessions for t in s]
+
+
+@functools.cache
+def traces_replay(model: str, join: int, start: int = 0, stop: int | None = None) -> TracesReplay:
+    """The traces [start, stop) joined `join` at a time, replayed through the proxy at
+    `model`'s window (cached: the 8k replay serves the tests of issues 3 and 4)."""
+    with replay_servers() as (up, client):
+        sessions = []
+        for messages in joined(join, start, stop):
+            sessions.append(replay(client, up, messages, model=model))
+            up.reset()  # the bodies recorded so far are in the turns
+    return TracesReplay(model, sessions)

@@ -1,0 +1,404 @@
+"""The config: every documented key, errors that name the key and line, secrets, routing."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from proxy import config as config_module
+from proxy.config import Config, load, loads
+from proxy.settings import ConfigError
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+SHA = "a" * 64
+SECRETS = {
+    "CP_TEST_OPENAI_KEY": "sk-live-0123456789",
+    "CP_TEST_ADMIN_TOKEN": "admin-token-9876",
+    "CP_TEST_REDIS_PASSWORD": "redis-pass-5555",
+}
+# Every key of docs/config.md, each set to a value other than its default.
+FULL = f"""
+listen:
+  host: 127.0.0.1
+  port: 9000
+  max_body_bytes: 1048576
+store:
+  url: redis://:${{CP_TEST_REDIS_PASSWORD}}@127.0.0.1:6379/2
+  ttl_seconds: 3600
+  key_prefix: cpx
+  timeout_seconds: 0.25
+  fail_open: false
+  max_sessions: 500
+  max_branches: 2
+sessions:
+  header: X-Conversation
+  policy_header: X-Policy
+auth:
+  keys:
+    - {{id: team-a, sha256: {SHA}}}
+  header: X-Proxy-Key
+  allow_unauthenticated: true
+upstreams:
+  openai:
+    base_url: https://api.openai.com/v1
+    kind: openai
+    api_key: ${{CP_TEST_OPENAI_KEY}}
+    timeouts: {{connect: 5, first_byte: 60, stream_idle: 30}}
+  local:
+    base_url: http://127.0.0.1:8001/v1
+default_upstream: openai
+default_context_window: 16384
+models:
+  - match: "local/*"
+    context_window: 32768
+    max_output_tokens: 2048
+    upstream: local
+    counting: estimate
+    encoding: cl100k_base
+policies:
+  default:
+    reserved_output_tokens: 2048
+    safety_margin_tokens: 128
+    prepare_at: 0.5
+    compact_at: 0.8
+    target: 0.4
+    summarizer:
+      upstream: local
+      model: small-summarizer
+      timeout_seconds: 10
+      retries: 1
+      cooldown_seconds: 4
+      temperature: 0.0
+    protect_recent_rounds: 8
+    anchors: ['ORD-\\d+']
+    layers:
+      - clear_tool_results: {{keep_last: 3}}
+      - truncate_tool_fields: {{keep_tokens: 100}}
+      - drop_tool_blocks
+      - summarize
+      - trim_head
+  cheap: {{}}
+default_policy: cheap
+routes:
+  - {{policy: default, model: "gpt-4o*", policy_header: careful, upstream: local}}
+admin:
+  token: ${{CP_TEST_ADMIN_TOKEN}}
+logging:
+  level: debug
+  format: text
+"""
+MINIMAL = "upstreams:\n  fake:\n    base_url: http://127.0.0.1:8001/v1\n"
+
+
+@pytest.fixture
+def secrets(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    return SECRETS
+
+
+def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
+    config = loads(FULL)
+    assert (config.listen.port, config.listen.max_body_bytes) == (9000, 1048576)
+    assert config.store.url == f"redis://:{secrets['CP_TEST_REDIS_PASSWORD']}@127.0.0.1:6379/2"
+    assert (config.store.fail_open, config.store.max_branches, config.store.key_prefix) == (
+        False,
+        2,
+        "cpx",
+    )
+    assert config.sessions.header == "X-Conversation"
+    assert config.auth.keys[0].id == "team-a" and config.auth.header == "X-Proxy-Key"
+    openai = config.upstreams["openai"]
+    assert openai.api_key == secrets["CP_TEST_OPENAI_KEY"]
+    assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
+    assert openai.name == "openai" and config.upstreams["local"].api_key is None
+    assert config.default_context_window == 16384
+    (model,) = config.models
+    assert (model.context_window, model.counting, model.upstream) == (32768, "estimate", "local")
+    policy = config.policies["default"]
+    assert (policy.prepare_at, policy.compact_at, policy.target) == (0.5, 0.8, 0.4)
+    assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
+    assert policy.compaction.protect_recent_rounds == 8
+    assert policy.compaction.anchors == ("ORD-\\d+",)
+    assert [name for name, _ in policy.compaction.layers] == [
+        "clear_tool_results",
+        "truncate_tool_fields",
+        "drop_tool_blocks",
+        "summarize",
+        "trim_head",
+    ]
+    assert config.policies["cheap"].target == 0.45  # defaults fill what is left out
+    assert config.routes[0].policy_header == "careful"
+    assert config.admin.token == secrets["CP_TEST_ADMIN_TOKEN"]
+    assert (config.logging.level, config.logging.format) == ("debug", "text")
+
+
+def documented_keys() -> set[str]:
+    """The keys in the first column of docs/config.md's tables."""
+    rows = re.findall(r"^\| `([a-z_.]+)` \|", DOCS.read_text(), flags=re.MULTILINE)
+    return set(rows)
+
+
+def key_paths(data: Any, prefix: str = "") -> set[str]:
+    """Every dotted key path in parsed YAML, list positions left out."""
+    paths: set[str] = set()
+    items = data.items() if isinstance(data, dict) else enumerate(data or [])
+    for key, value in items:
+        path = f"{prefix}.{key}" if isinstance(key, str) else prefix
+        if isinstance(key, str):
+            paths.add(path.lstrip("."))
+        if isinstance(value, dict | list):
+            paths |= key_paths(value, path)
+    return paths
+
+
+def test_the_full_example_covers_the_docs() -> None:
+    paths = key_paths(yaml.safe_load(FULL))
+    missing = {key for key in documented_keys() if not any(p.endswith(key) for p in paths)}
+    assert documented_keys() and not missing
+
+
+def test_every_setting_is_documented() -> None:
+    documented = documented_keys() | set(re.findall(r"`([a-z_]+)`", DOCS.read_text()))
+    sections = [
+        config_module.Listen,
+        config_module.Store,
+        config_module.Sessions,
+        config_module.Auth,
+        config_module.Upstream,
+        config_module.Timeouts,
+        config_module.ModelOverride,
+        config_module.Summarizer,
+        config_module.Policy,
+        config_module.Route,
+        config_module.Admin,
+        config_module.Logging,
+        config_module.Config,
+    ]
+    fields = {f.name for cls in sections for f in dataclasses.fields(cls) if f.init}
+    fields -= {"compaction"}  # the policy's compaction keys sit flat in it (docs/compaction.md)
+    names = {part for key in documented for part in key.split(".")}
+    assert fields <= names, fields - names
+
+
+def test_the_repository_config_is_the_embedded_default() -> None:
+    config = load()
+    assert config.listen.host == "127.0.0.1"
+    assert config.store.url == "memory://"
+    (upstream,) = config.upstreams.values()
+    assert upstream.base_url == "https://api.openai.com/v1"
+    assert upstream.api_key is None  # the client's own credential is passed through
+    assert config.default_policy in config.policies
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as error:
+        loads(text)
+    return error.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (MINIMAL + "listen_port: 80\n", "listen_port (<config>, line 4): unknown key"),
+        (
+            MINIMAL + "    timeout: {connect: 1}\n",
+            "upstreams.fake.timeout (<config>, line 4): unknown key",
+        ),
+        (
+            MINIMAL + "listen:\n  port: eighty\n",
+            "listen.port (<config>, line 5): expected an integer, got a string",
+        ),
+        (
+            MINIMAL + "store:\n  fail_open: 'no'\n",
+            "store.fail_open (<config>, line 5): expected true or false, got a string",
+        ),
+        (
+            MINIMAL + "listen:\n  port: 70000\n",
+            "listen.port (<config>, line 5): must be between 1 and 65535",
+        ),
+        (
+            MINIMAL + "store:\n  url: ftp://x\n",
+            "store.url (<config>, line 5): must start with memory://, redis:// or rediss://",
+        ),
+        (
+            MINIMAL + "logging:\n  level: loud\n",
+            "logging.level (<config>, line 5): must be one of",
+        ),
+        (
+            MINIMAL + "    timeouts:\n      first_byte: -1\n",
+            "upstreams.fake.timeouts.first_byte (<config>, line 5): must be positive",
+        ),
+        (
+            "upstreams:\n  fake:\n    base_url: ftp://x/v1\n",
+            "upstreams.fake.base_url (<config>, line 3): must be an http:// or https:// URL",
+        ),
+        (
+            MINIMAL + "policies:\n  default:\n    target: 0.9\n",
+            "policies.default (<config>, line 5): levels must satisfy 0 < target < compact_at",
+        ),
+        (
+            MINIMAL + "routes:\n  - policy: nope\n",
+            "routes[0].policy (<config>, line 5): names no policy: 'nope'",
+        ),
+        (
+            MINIMAL + "models:\n  - match: x\n    upstream: nope\n",
+            "models[0].upstream (<config>, line 6): names no upstream: 'nope'",
+        ),
+        (
+            MINIMAL + "auth:\n  header: X-Key\n  keys:\n    - {id: a, sha256: abc}\n",
+            "auth.keys[0].sha256 (<config>, line 7): must be 64 lowercase hex characters",
+        ),
+        (
+            MINIMAL + "policies:\n  default:\n    layers: [squash]\n",
+            "policies.default.layers[0] (<config>, line 6): unknown layer 'squash'",
+        ),
+        (
+            MINIMAL + "policies:\n  p:\n    layers:\n      - trim_head\n"
+            "      - truncate_tool_fields: {keep_tokens: many}\n",
+            "policies.p.layers[1].truncate_tool_fields.keep_tokens (<config>, line 8): "
+            "expected an integer",
+        ),
+        (
+            MINIMAL + "upstreams:\n  other:\n    base_url: http://127.0.0.1:9/v1\n",
+            "",  # a duplicate mapping key: the YAML's last one wins, and that is valid
+        ),
+        ("listen: {}\n", "upstreams: is required"),
+        (
+            MINIMAL + "  two:\n    base_url: http://127.0.0.1:9/v1\n",
+            "default_upstream: names no upstream: ''",
+        ),
+    ],
+)
+def test_errors_name_the_key_and_its_line(text: str, expected: str) -> None:
+    if not expected:
+        assert loads(text).upstreams
+        return
+    found = problems(text)
+    assert any(p.startswith(expected) for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("text", "keys"),
+    [
+        (
+            MINIMAL + "listen:\n  port: x\n  hots: x\nstore:\n  fail_open: 1\n",
+            ["listen.hots", "listen.port", "store.fail_open"],
+        ),
+        (
+            MINIMAL + "listen:\n  port: 0\nstore:\n  url: x://\n  ttl_seconds: -5\n",
+            ["listen.port", "store.url", "store.ttl_seconds"],
+        ),
+    ],
+    ids=["keys-and-types", "values"],
+)
+def test_every_problem_of_a_kind_is_reported_at_once(text: str, keys: list[str]) -> None:
+    assert [p.split(" ")[0] for p in problems(text)] == keys
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "upstreams: [unclosed\n",
+        "!!python/object/apply:os.system ['echo unsafe']\n",
+        MINIMAL + "listen: !!python/object/apply:os.getcwd []\n",
+    ],
+)
+def test_not_yaml_or_unsafe_yaml_is_refused(text: str) -> None:
+    (problem,) = problems(text)
+    assert "not valid YAML" in problem
+
+
+def test_a_file_that_cannot_be_read(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.yaml")
+
+
+def test_environment_interpolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CP_TEST_KEY", "sk-from-env")
+    monkeypatch.delenv("CP_TEST_UNSET", raising=False)
+    monkeypatch.delenv("CP_TEST_MISSING", raising=False)
+    config = loads(
+        MINIMAL
+        + "    api_key: ${CP_TEST_KEY}\n"
+        + "admin:\n  token: prefix-${CP_TEST_UNSET:-fallback}-suffix\n"
+    )
+    assert config.upstreams["fake"].api_key == "sk-from-env"
+    assert config.admin.token == "prefix-fallback-suffix"
+    (problem,) = problems(MINIMAL + "    api_key: ${CP_TEST_MISSING}\n")
+    assert problem == (
+        "upstreams.fake.api_key (<config>, line 4): environment variable CP_TEST_MISSING is not set"
+    )
+
+
+def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
+    masked = loads(FULL).masked()
+    assert masked["upstreams"]["openai"]["api_key"] == "***"
+    assert masked["upstreams"]["local"]["api_key"] is None
+    assert masked["admin"]["token"] == "***"
+    assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"
+    text = orjson.dumps(masked).decode()
+    for secret in secrets.values():
+        assert secret not in text
+    assert masked["listen"]["port"] == 9000  # the rest is as configured
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://user:pw-1@cache:6380/1", "redis://user:***@cache:6380/1"),
+        ("rediss://:pw-2@cache/0", "rediss://:***@cache/0"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+    ],
+)
+def test_masked_store_urls(url: str, shown: str) -> None:
+    assert loads(MINIMAL + f"store:\n  url: {url}\n").masked()["store"]["url"] == shown
+
+
+ROUTED = """
+upstreams:
+  main: {base_url: "http://127.0.0.1:8001/v1"}
+  local: {base_url: "http://127.0.0.1:8002/v1"}
+  special: {base_url: "http://127.0.0.1:8003/v1"}
+default_upstream: main
+models:
+  - {match: "local/*", upstream: local}
+policies:
+  default: {}
+  mini: {target: 0.3}
+  careful: {compact_at: 0.7}
+routes:
+  - {policy: careful, policy_header: careful}
+  - {policy: mini, model: "gpt-4o-mini*"}
+  - {policy: careful, model: "local/big-*", upstream: special}
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "header", "policy", "upstream"),
+    [
+        ("gpt-4o", None, "default", "main"),
+        ("gpt-4o-mini-2024-07-18", None, "mini", "main"),
+        ("gpt-4o-mini", "careful", "careful", "main"),  # the first matching route wins
+        ("gpt-4o-mini", "other", "mini", "main"),
+        ("local/llama", None, "default", "local"),  # the model's upstream
+        ("local/big-model", None, "careful", "special"),  # the route's upstream wins
+        ("local/llama", "careful", "careful", "local"),
+    ],
+)
+def test_routes(model: str, header: str | None, policy: str, upstream: str) -> None:
+    chosen_policy, chosen_upstream = loads(ROUTED).route(model, header)
+    assert (chosen_policy.name, chosen_upstream.name) == (policy, upstream)
+
+
+def test_configs_are_plain_frozen_data() -> None:
+    config = loads(MINIMAL)
+    assert isinstance(config, Config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.listen.port = 1

@@ -1,0 +1,576 @@
+"""Stateful compaction through the real openai SDK and a real Redis (issue 4, DESIGN.md 5-7):
+plans replayed byte for byte, branches, replicas sharing a session, Redis going away,
+calibration and the reactive path.
+
+The helpers here serve the other stateful test modules too: `harness()` starts a strict fake
+upstream and proxies in front of it on a Redis key prefix of the test's own (its keys are
+deleted after), and a `Conversation` resends its whole history every turn, as clients do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies import Budget, Chain, make_budget
+from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
+from proxy.config import Config
+from proxy.state import Prepared, SessionState
+from tests.conftest import config_for, merged
+from tests.conversations import words
+from tests.fake_upstream import ApiError, FakeUpstream, SummaryResult, check_window
+from tests.servers import ServerThread, proxy_server
+from tests.test_store import free_port, redis_server
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+MODEL = "gpt-4"  # counted exactly (cl100k_base), as the fake counts it
+WINDOW = 4096  # the proxy's window for MODEL (the fake's is 8192, so it never rejects)
+ADMIN_TOKEN = "admin-token-of-the-tests"
+SESSION_HEADER = "X-Session-Id"
+
+Message = dict[str, Any]
+
+
+class Summaries:
+    """The fake upstream's summarizer hook: records each summary request, answers by `answer`
+    (called with the 1-based number of the request)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.answer: Callable[[int], SummaryResult] = lambda n: f"SUMMARY-{n}: goals and facts."
+
+    def __call__(self, body: dict[str, Any]) -> SummaryResult:
+        self.bodies.append(body)
+        return self.answer(len(self.bodies))
+
+    @property
+    def prompts(self) -> list[str]:
+        """The user prompt of each summary request: previous summary and new messages."""
+        return [str(body["messages"][-1]["content"]) for body in self.bodies]
+
+
+def said(turn: int, size: int = 100) -> str:
+    """The user's message of one turn: unique text of `size` words (~1.3 tokens a word)."""
+    return f"Turn {turn}: {words(size, turn)}"
+
+
+def history(rounds: int, variant: str = "", size: int = 100) -> list[Message]:
+    """A chat of `rounds` answered rounds and a new question; `variant` edits the first one."""
+    messages: list[Message] = [{"role": "system", "content": "You are a terse assistant."}]
+    for turn in range(rounds):
+        text = said(turn, size) + (variant if turn == 0 else "")
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."}]
+    return [*messages, {"role": "user", "content": said(rounds, size)}]
+
+
+@dataclasses.dataclass
+class Harness:
+    up: FakeUpstream
+    summaries: Summaries
+    config: Config
+    servers: list[ServerThread]
+    redis: redis.Redis
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    def conversation(self, session: str = "s1", *, server: int = 0, **kwargs: Any) -> Conversation:
+        return Conversation(self.servers[server].url, session, **kwargs)
+
+    def budget(self, model: str = MODEL) -> Budget:
+        """The budget the proxy computes for `model` (no max_tokens, no calibration)."""
+        app = self.servers[0].server.config.app
+        limits = app.state.proxy.compactor.limits(model)
+        policy = self.config.policies[self.config.default_policy]
+        return make_budget(
+            window=limits.window,
+            model_max_output=limits.max_output,
+            request_max_tokens=None,
+            reserved_output_tokens=policy.reserved_output_tokens,
+            safety_margin_tokens=policy.safety_margin_tokens,
+            prepare_at=policy.prepare_at,
+            compact_at=policy.compact_at,
+            target=policy.target,
+        )
+
+    def state_key(self, key: str) -> str:
+        return f"{self.config.store.key_prefix}:{{{key}}}:state"
+
+    def record(self, key: str) -> tuple[int, SessionState] | None:
+        """The session's record as stored in Redis: (version, state), None when absent."""
+        version, data = self.redis.hmget(self.state_key(key), ["v", "d"])
+        if version is None:
+            return None
+        return int(version), SessionState.from_bytes(data)
+
+    def version(self, key: str) -> int:
+        found = self.record(key)
+        return found[0] if found else 0
+
+    def state(self, key: str) -> SessionState:
+        found = self.record(key)
+        return found[1] if found else SessionState()
+
+    def forwarded(self) -> list[list[Message]]:
+        """The messages of every chat request that reached the upstream (not summaries)."""
+        return [
+            r.json["messages"]
+            for r in self.up.requests
+            if r.path == "/v1/chat/completions" and r.headers.get("x-compaction-summary") != "1"
+        ]
+
+    def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        return httpx.request(method, self.url + path, headers=headers, **kwargs)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The current value of one sample of the first proxy's /metrics (0 when absent)."""
+        text = httpx.get(self.url + "/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return 0.0
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def harness(*, replicas: int = 1, redis_url: str = REDIS_URL, **sections: Any) -> Iterator[Harness]:
+    """A fresh fake upstream and `replicas` proxies sharing a Redis key prefix of their own;
+    `sections` are merged into the config."""
+    prefix = f"cptest:{os.urandom(6).hex()}"
+    summaries = Summaries()
+    client = redis.Redis.from_url(redis_url)
+    defaults = {
+        "store": {"url": redis_url, "key_prefix": prefix},
+        "models": [{"match": MODEL, "context_window": WINDOW}],
+        "admin": {"token": ADMIN_TOKEN},
+    }
+    with contextlib.ExitStack() as stack:
+        stack.callback(client.close)
+        stack.callback(_delete_keys, client, prefix)
+        up = stack.enter_context(
+            FakeUpstream(windows={MODEL: 8192, "small-8k": 8192}, summarizer=summaries)
+        )
+        config = config_for(up, **merged(defaults, sections))
+        servers = [stack.enter_context(proxy_server(config)) for _ in range(replicas)]
+        yield Harness(up, summaries, config, servers, client)
+
+
+def _delete_keys(client: redis.Redis, prefix: str) -> None:
+    with contextlib.suppress(redis.ConnectionError):
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+
+
+class Conversation:
+    """A chat as a client holds it: the whole history is resent every turn."""
+
+    def __init__(
+        self,
+        url: str,
+        session: str,
+        *,
+        model: str = MODEL,
+        api_key: str = "sk-test",
+        rounds: int = 0,
+    ) -> None:
+        """`rounds`: start with that many rounds of `history` already said."""
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0)
+        self.session = session
+        self.model = model
+        self.messages = history(rounds)[:-1]
+        self.turns = rounds
+        self.key = ""
+        self.usage: list[int] = []  # the upstream's prompt tokens, turn by turn
+
+    def say(self, text: str | None = None, **kwargs: Any) -> httpx.Headers:
+        """Send the next user message (new text of `said` by default); keep the reply."""
+        self.messages.append({"role": "user", "content": text or said(self.turns)})
+        self.turns += 1
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model,
+            messages=self.messages,
+            extra_headers={SESSION_HEADER: self.session},
+            **kwargs,
+        )
+        completion = raw.parse()
+        self.messages.append(
+            {"role": "assistant", "content": completion.choices[0].message.content}
+        )
+        self.usage.append(completion.usage.prompt_tokens if completion.usage else 0)
+        self.key = raw.headers["x-compaction-session"]
+        assert raw.headers["x-compaction-store"] == "ok"
+        return raw.headers
+
+    def skip(self, rounds: int) -> None:
+        """Rounds said elsewhere: the next turn resends them all at once."""
+        for turn in range(self.turns, self.turns + rounds):
+            self.messages += [
+                {"role": "user", "content": said(turn)},
+                {"role": "assistant", "content": "Noted."},
+            ]
+        self.turns += rounds
+
+    def until(self, action: str, limit: int = 60) -> httpx.Headers:
+        """Say new things until the proxy answers with `action`."""
+        for _ in range(limit):
+            headers = self.say()
+            if headers["x-compaction-action"] == action:
+                return headers
+        raise AssertionError(f"no {action!r} in {limit} turns")
+
+    def fork(self) -> Conversation:
+        """Another client holding a copy of this history, in the same session."""
+        other = copy.copy(self)
+        other.messages = copy.deepcopy(self.messages)
+        return other
+
+
+def prepare_ahead(h: Harness, chat: Conversation, limit: int = 30) -> Prepared:
+    """Say new things until the proxy prepares a summary ahead of time; that summary."""
+    prepare = h.budget(chat.model).prepare_tokens
+    for _ in range(limit):
+        headers = chat.say()
+        assert headers["x-compaction-action"] in ("none", "replayed")
+        if int(headers["x-compaction-tokens-after"]) >= prepare:
+            h.wait_for(lambda: h.state(chat.key).prepared is not None)
+            prepared = h.state(chat.key).prepared
+            assert prepared is not None
+            return prepared
+    raise AssertionError(f"nothing prepared in {limit} turns")
+
+
+def header_text(view: list[Message]) -> str:
+    """The summary message of a forwarded view (the first after the system messages)."""
+    first = next(m for m in view if m["role"] != "system")
+    content = first["content"]
+    assert isinstance(content, str) and content.startswith((SUMMARY_HEADING, DIGEST_HEADING))
+    return content
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+def test_a_request_under_the_levels_writes_nothing() -> None:
+    with harness() as h:
+        chat = h.conversation()
+        for _ in range(3):
+            assert chat.say()["x-compaction-action"] == "none"
+        assert h.up.requests[-1].json["messages"] == chat.messages[:-1]
+        assert not h.redis.exists(h.state_key(chat.key))
+
+
+def test_between_compactions_the_forwarded_prefix_is_byte_stable() -> None:
+    with harness() as h:
+        budget = h.budget()
+        chat = h.conversation()
+        headers = chat.until("compacted")
+        previous, version = h.forwarded()[-1], h.version(chat.key)
+        compactions, replays, start = 1, 0, int(headers["x-compaction-tokens-before"])
+        for _ in range(40):
+            headers = chat.say()
+            view = h.forwarded()[-1]
+            if headers["x-compaction-action"] == "compacted":
+                compactions += 1
+            else:
+                assert headers["x-compaction-action"] == "replayed"
+                replays += 1
+                # The previous view, byte for byte, and the new turn after it.
+                assert orjson.dumps(view[: len(previous)]) == orjson.dumps(previous)
+                assert view[len(previous) :] == chat.messages[-3:-1]
+                if int(headers["x-compaction-tokens-after"]) < budget.prepare_tokens:
+                    assert h.version(chat.key) == version  # a replay writes nothing
+            previous, version = view, h.version(chat.key)
+        assert replays > 30
+        # Hysteresis: at most one compaction per (compact_at - target) of growth, plus one.
+        grown = int(headers["x-compaction-tokens-before"]) - start
+        assert 2 <= compactions <= grown // (budget.compact_tokens - budget.target_tokens) + 1
+
+
+def test_the_watermark_only_moves_forward() -> None:
+    with harness() as h:
+        chat = h.conversation()
+        marks = []
+        for _ in range(4):
+            chat.until("compacted")
+            (branch,) = h.state(chat.key).branches
+            marks.append((branch.plan.cut, branch.plan.covered))
+            assert branch.plan.covered == len(Chain(chat.messages)) - 1
+        cuts, covered = zip(*marks, strict=True)
+        assert list(cuts) == sorted(set(cuts))
+        assert list(covered) == sorted(set(covered))
+
+
+# -- branches -------------------------------------------------------------------------------
+
+
+def test_an_edited_history_is_compacted_from_scratch_and_the_old_branch_survives() -> None:
+    with harness() as h:
+        chat = h.conversation()
+        chat.until("compacted")
+        prepare_ahead(h, chat)
+        state = h.state(chat.key)
+        (branch,) = state.branches
+        assert branch.plan.summary is not None and state.prepared is not None
+        calls = h.up.summary_calls
+
+        edited = chat.fork()
+        edited.messages[1] = {"role": "user", "content": "Something else entirely. " * 20}
+        headers = edited.say()
+        assert headers["x-compaction-action"] == "compacted"
+        assert h.up.summary_calls == calls + 1  # a summary of its own, on the request path
+        view = orjson.dumps(h.forwarded()[-1]).decode()
+        assert branch.plan.summary.text not in view
+        assert state.prepared.text not in view
+        assert "Something else entirely" in h.summaries.prompts[-1]
+
+        after = h.state(chat.key)
+        assert len(after.branches) == 2
+        assert branch in after.branches  # the old branch, untouched
+        assert after.branch(Chain(chat.messages)) == branch
+        headers = chat.say()
+        assert headers["x-compaction-action"] == "replayed"
+        assert header_text(h.forwarded()[-1]).endswith(branch.plan.summary.text)
+
+
+def test_branches_are_capped_least_recently_used_out() -> None:
+    with harness(store={"max_branches": 2}) as h:
+        client = openai.OpenAI(base_url=h.url + "/v1", api_key="sk-test", max_retries=0)
+        variants = [history(24, variant=f" (variant {v})") for v in range(3)]
+
+        def send(messages: list[Message]) -> tuple[str, str]:
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,
+                extra_headers={SESSION_HEADER: "s1"},
+            )
+            return raw.headers["x-compaction-session"], raw.headers["x-compaction-action"]
+
+        for messages in variants:
+            key, action = send(messages)
+            assert action == "compacted"
+        state = h.state(key)
+        found = [state.branch(Chain(messages)) for messages in variants]
+        assert found[0] is None and None not in found[1:]
+        assert len(state.branches) == 2
+
+        calls = h.up.summary_calls
+        assert send(variants[0]) == (key, "compacted")  # compacted again, from scratch
+        assert h.up.summary_calls == calls + 1
+        assert send(variants[2]) == (key, "replayed")
+
+
+# -- corrupt records --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x00not json",
+        b"[1, 2]",
+        b'{"branches": 5}',
+        b'{"branches": [{"plan": {"cut": "x"}, "chain": "ab", "used": 1.0}]}',
+        b'{"branches": [], "calibration": "high"}',
+        b'{"branches": [], "memory": [1, 2]}',
+        b'{"branches": [], "pending": 7}',
+        b'{"branches": [], "prepared": {"start": 1}}',
+    ],
+)
+def test_a_corrupt_record_is_treated_as_empty_and_logged(
+    data: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with harness() as h, _captured(caplog):
+        chat = h.conversation()
+        key = chat.say()["x-compaction-session"]
+        h.redis.hset(h.state_key(key), mapping={"v": 7, "d": data})
+        assert chat.say()["x-compaction-action"] == "none"
+        assert "corrupt session state" in caplog.text
+        headers = chat.until("compacted")
+        assert headers["x-compaction-store"] == "ok"
+        version, state = h.record(key) or (0, SessionState())
+        assert version > 7 and len(state.branches) == 1  # replaced by the proxy's writes
+
+
+@contextlib.contextmanager
+def _captured(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The proxy's log records in `caplog`, whether or not its logger propagates."""
+    logger = logging.getLogger("compaction_proxy")
+    logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+# -- replicas ---------------------------------------------------------------------------------
+
+
+async def test_two_replicas_serve_one_session_with_one_plan_and_one_summary() -> None:
+    with harness(replicas=2) as h:
+        h.up.summary_delay = 0.3
+        clients = [
+            openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="sk-test", max_retries=0)
+            for s in h.servers
+        ]
+
+        async def ask(i: int, messages: list[Message]) -> httpx.Headers:
+            raw = await clients[i % 2].chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,
+                extra_headers={SESSION_HEADER: "s1"},
+            )
+            return raw.headers
+
+        compacted: list[httpx.Headers] = []
+        # The second request grows the first by 16 rounds: back at the compaction level.
+        for phase, messages in enumerate([history(24), history(40)]):
+            sent = len(h.forwarded())
+            answers = await asyncio.gather(*(ask(i, messages) for i in range(6)))
+            actions = sorted(a["x-compaction-action"] for a in answers)
+            assert actions == ["compacted", *["replayed"] * 5]
+            assert h.up.summary_calls == phase + 1
+            views = [orjson.dumps(v) for v in h.forwarded()[sent:]]
+            assert len(views) == 6 and len(set(views)) == 1  # one plan, the same view for all
+            compacted += [a for a in answers if a["x-compaction-action"] == "compacted"]
+            version, state = h.record(answers[0]["x-compaction-session"]) or (0, SessionState())
+            assert version == phase + 1  # every write counted, none lost
+            assert len(state.branches) == 1
+            after = {d["tokens_after"] for d in state.decisions}
+            assert {int(c["x-compaction-tokens-after"]) for c in compacted} <= after
+        for client in clients:
+            await client.close()
+
+
+# -- the store going away ---------------------------------------------------------------------
+
+
+def test_redis_stopped_mid_run_then_back() -> None:
+    port = free_port()
+    with harness(redis_url=f"redis://127.0.0.1:{port}/0") as h:
+        chat = h.conversation()
+        with redis_server(port):
+            chat.until("compacted")
+            assert h.record(chat.key) is not None
+            errors = h.metric("compaction_proxy_store_errors_total", operation="get")
+        # Stopped: served from the request alone.
+        for _ in range(3):
+            chat.messages.append({"role": "user", "content": said(chat.turns)})
+            response = httpx.post(
+                h.url + "/v1/chat/completions",
+                json={"model": MODEL, "messages": chat.messages},
+                headers={SESSION_HEADER: chat.session},
+            )
+            assert response.status_code == 200
+            assert response.headers["x-compaction-store"] == "unavailable"
+            assert response.headers["x-compaction-action"] in ("compacted", "degraded")
+            chat.messages.append(response.json()["choices"][0]["message"])
+        assert httpx.get(h.url + "/readyz").status_code == 503
+        after = h.metric("compaction_proxy_store_errors_total", operation="get")
+        assert after > errors
+        with redis_server(port):
+            h.wait_for(lambda: httpx.get(h.url + "/readyz").status_code == 200, timeout=3)
+            headers = chat.say()  # asserts x-compaction-store: ok
+            assert headers["x-compaction-action"] == "compacted"  # a new, empty Redis
+            assert h.record(chat.key) is not None
+
+
+def test_a_store_that_fails_closed_answers_503() -> None:
+    with harness(redis_url=f"redis://127.0.0.1:{free_port()}/0", store={"fail_open": False}) as h:
+        response = httpx.post(
+            h.url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == "session_store_unavailable"
+        assert h.forwarded() == []
+
+
+# -- calibration and the reactive path --------------------------------------------------------
+
+ESTIMATED = "estimated-model"
+
+
+def numbers(turn: int) -> str:
+    """Text that chars/4 under-counts about 1.45 times (cl100k_base)."""
+    return " ".join(f"value {(turn * 40 + n) * 7919 % 1000} and {n * 31 % 100}" for n in range(40))
+
+
+def test_calibration_corrects_an_estimated_count() -> None:
+    models = [{"match": ESTIMATED, "context_window": WINDOW, "counting": "estimate"}]
+    # Summaries of about the size the summarizer writes, so the target is what is reached.
+    layers = [{"summarize": {"target_share": 0.05}}]
+    with harness(models=models, policies={"default": {"layers": layers}}) as h:
+        budget = h.budget(ESTIMATED)
+        chat = h.conversation(model=ESTIMATED)
+        actions = []
+        for turn in range(40):
+            headers = chat.say(numbers(turn))
+            actions.append(headers["x-compaction-action"])
+            if actions[-1] == "compacted":
+                break
+        # The estimate alone had not reached the compaction level: the calibration had.
+        estimated = int(headers["x-compaction-tokens-before"])
+        assert estimated < budget.compact_tokens <= chat.usage[-2] * 1.2
+        # Compacted down to the target in the upstream's own tokens, so the next turns replay.
+        assert chat.usage[-1] <= budget.target_tokens * 1.1
+        for _ in range(3):
+            assert chat.say(numbers(chat.turns))["x-compaction-action"] == "replayed"
+        inspect = h.admin("GET", f"/admin/sessions/{chat.key}").json()
+        assert 1.3 < inspect["calibration"] < 1.7
+
+
+CJK = "压缩代理保持长对话在上下文窗口内"  # ~1.2 tokens a character; chars/4 says 0.25
+
+
+def test_an_under_counted_request_is_compacted_harder_and_retried_once() -> None:
+    models = [{"match": "small-8k", "context_window": 8192, "counting": "estimate"}]
+    with harness(models=models) as h:
+        client = openai.OpenAI(base_url=h.url + "/v1", api_key="sk-test", max_retries=0)
+        messages: list[Message] = []
+        for turn in range(24):
+            messages += [
+                {"role": "user", "content": f"{turn}: {CJK * 20}"},
+                {"role": "assistant", "content": "Noted."},
+            ]
+        messages.append({"role": "user", "content": "Which turn was first?"})
+        raw = client.chat.completions.with_raw_response.create(model="small-8k", messages=messages)
+        assert raw.http_response.status_code == 200
+        assert raw.headers["x-compaction-action"] in ("compacted", "degraded")
+        first, second = h.forwarded()
+        assert first == messages  # the estimate was under every level
+        assert len(orjson.dumps(second)) < len(orjson.dumps(first)) / 2
+        assert second[-1] == messages[-1]
+
+        # The current turn alone is too long: the upstream's own 400 reaches the client.
+        h.up.reset()
+        too_long = [{"role": "user", "content": CJK * 440}]
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="small-8k", messages=too_long)
+        assert len(h.forwarded()) == 2  # retried once, not more
+        with pytest.raises(ApiError) as expected:
+            check_window(h.up.requests[-1].json, 8192)
+        assert caught.value.response.json() == expected.value.body
