@@ -195,8 +195,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        proxy.compactor.warm_up()
+        # Tokenizers load in the background: /healthz answers at once, and a first request
+        # that needs an encoding waits for it in tiktoken.
+        warming = asyncio.get_running_loop().run_in_executor(None, proxy.compactor.warm_up)
         yield
+        await warming
         await proxy.compactor.close()
         if owns_client:
             await client.close()

@@ -30,6 +30,7 @@ from .upstream import read_body as read_upstream_body
 log = logging.getLogger("compaction_proxy")
 
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+_SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
 
 
 class ChatHandler:
@@ -140,7 +141,9 @@ class ChatHandler:
         overhead: float,
         idle_timeout: float,
     ) -> Relay:
-        headers = self._headers(forward, response, overhead)
+        headers = [
+            h for h in self._headers(forward, response, overhead) if h[0].lower() not in _SSE_NAMES
+        ]
         headers += SSE_HEADERS
         want_usage = wants_usage(chat.body)
 
