@@ -234,14 +234,14 @@ class Compactor:
         self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None
     ) -> Forward:
         chat = turn.chat
-        fence = await self._lock(turn)
-        if fence is False:
-            # Another request of this session is compacting right now: wait for its plan.
-            replayed = await self._after_other(turn, tokens_before)
-            if replayed is not None:
-                return replayed
-            fence = None
+        fence = await self._lock(turn, wait=True)
         try:
+            # Another request may have compacted the session meanwhile (this one waited for
+            # its lock): replay that plan when it is enough, except on the reactive path.
+            if fence is not None and target is None and await self._reload(turn):
+                replayed = self._replayed(turn, tokens_before)
+                if replayed is not None:
+                    return replayed
             result = await policies.compact(
                 chat.messages,
                 turn.plan,
@@ -261,7 +261,7 @@ class Compactor:
             if result.plan != turn.plan or instructions is not None:
                 await self._save(turn, result, fence)
         finally:
-            if isinstance(fence, int):
+            if fence is not None:
                 await self._unlock(chat.key, fence)
         body = orjson.dumps({**chat.body, "messages": result.view})
         return Forward(
@@ -310,8 +310,8 @@ class Compactor:
         task.add_done_callback(self._background.discard)
 
     async def _prepare(self, turn: Turn, tokens: int) -> None:
-        fence = await self._lock(turn)
-        if not isinstance(fence, int):
+        fence = await self._lock(turn, wait=False)
+        if fence is None:
             return
         try:
             made: list[tuple[policies.SummaryRequest, str]] = []
@@ -424,17 +424,22 @@ class Compactor:
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
         return False
 
-    async def _lock(self, turn: Turn) -> int | bool | None:
-        """A fencing token, False when another holds the lock, None without a store."""
+    async def _lock(self, turn: Turn, *, wait: bool) -> int | None:
+        """The session's lock (a fencing token); None without a store, or when another holds
+        it (compacting or preparing a summary) beyond what this request may wait."""
         if turn.loaded.store != "ok":
             return None
         ttl = _lock_ttl(turn.chat.policy)
-        try:
-            token = await self.store.acquire_lock(turn.chat.key, ttl)
-        except StoreUnavailable:
-            self._store_failed("lock")
-            return None
-        return False if token is None else token
+        deadline = time.monotonic() + ttl
+        while True:
+            try:
+                token = await self.store.acquire_lock(turn.chat.key, ttl)
+            except StoreUnavailable:
+                self._store_failed("lock")
+                return None
+            if token is not None or not wait or time.monotonic() >= deadline:
+                return token
+            await asyncio.sleep(LOCK_POLL_SECONDS)
 
     async def _unlock(self, key: str, token: int) -> None:
         try:
@@ -442,26 +447,27 @@ class Compactor:
         except StoreUnavailable:
             self._store_failed("unlock")
 
-    async def _after_other(self, turn: Turn, tokens_before: int) -> Forward | None:
-        """Wait (bounded) for the concurrent compaction of this session; replay its plan when
-        it covers this request, else None (this request then compacts by itself)."""
-        deadline = time.monotonic() + _lock_ttl(turn.chat.policy)
-        while time.monotonic() < deadline:
-            await asyncio.sleep(LOCK_POLL_SECONDS)
-            loaded = await self._load(turn.chat.key)
-            if loaded.store != "ok":
-                return None
-            if loaded.version == turn.loaded.version:
-                continue
-            turn.loaded = loaded
-            turn.branch = loaded.state.branch(turn.chain)
-            view = self._view(turn)
-            tokens = turn.limits.counter.count(view, fixed=turn.fixed)
-            if turn.branch is None or tokens >= turn.budget.compact_tokens:
-                return None
-            body = orjson.dumps({**turn.chat.body, "messages": view})
-            return Forward(body, turn.chat.key, "replayed", "ok", tokens_before, tokens)
-        return None
+    async def _reload(self, turn: Turn) -> bool:
+        """Read the session again: whether it changed since `turn` was read (`turn` then
+        holds the new state)."""
+        loaded = await self._load(turn.chat.key)
+        if loaded.store != "ok" or loaded.version == turn.loaded.version:
+            return False
+        turn.loaded = loaded
+        turn.branch = loaded.state.branch(turn.chain)
+        return True
+
+    def _replayed(self, turn: Turn, tokens_before: int) -> Forward | None:
+        """The session's plan replayed, when it brings this request under the compaction
+        level and no manual compaction is pending."""
+        if turn.branch is None or turn.loaded.state.pending is not None:
+            return None
+        view = self._view(turn)
+        tokens = turn.limits.counter.count(view, fixed=turn.fixed)
+        if tokens >= turn.budget.compact_tokens:
+            return None
+        body = orjson.dumps({**turn.chat.body, "messages": view})
+        return Forward(body, turn.chat.key, "replayed", "ok", tokens_before, tokens)
 
 
 def _in_counted_tokens(budget: policies.Budget, ratio: float) -> policies.Budget:

@@ -2,7 +2,7 @@
 measuring what the strict fake upstream received.
 
     with replay_servers(anchors=[ANCHOR]) as (up, client):
-        turns = replay(client, up, messages, session="s1", model="gpt-4o-8k")
+        turns = replay(client, up, messages, model="gpt-4o-8k")
 
 Each `Turn` holds what the client sent, what it got back and the chat requests the upstream
 received for it (the summarizer's requests, marked `x-compaction-summary: 1`, left out).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import openai
 
 from policies import Message, tool_pair_problems
 from policies.message import visible_text
+from proxy.config import Policy
 from tests.conftest import config_for
 from tests.conversations import load_traces, requests
 from tests.fake_upstream import (
@@ -40,8 +42,9 @@ from tests.servers import proxy_server
 # Model names that both token counters (the proxy's and the fake's) map to o200k_base.
 WINDOWS = {"gpt-4o-4k": 4096, "gpt-4o-8k": 8192, "gpt-4o-16k": 16384, "gpt-4o-32k": 32768}
 MAX_TOKENS = 256  # every replayed request asks for it, so the proxy reserves exactly this
-SAFETY_MARGIN = 256  # the default policy's
+SAFETY_MARGIN = Policy().safety_margin_tokens
 CHAT_PATH = "/v1/chat/completions"
+JOIN = 4  # traces a long session: 4 tau-bench conversations make ~20-40k tokens
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,11 @@ class Turn:
 
 
 def small_summary(body: dict[str, Any]) -> str:
-    """The fake summarizer: deterministic, a few tokens, and it keeps no anchor."""
+    """The fake summarizer: deterministic, small, within its max_tokens (a third of them in
+    words), and it keeps no anchor."""
     prompt = "\n".join(text_of(m.get("content")) for m in body["messages"])
-    return f"The user and the assistant went on with the task (summary {digest(prompt)})."
+    words = f"The user and the assistant went on with the task, summary {digest(prompt)}.".split()
+    return " ".join(words[: max(1, body["max_tokens"] // 3)])
 
 
 def joined(size: int, start: int = 0, stop: int | None = None) -> list[list[Message]]:
@@ -109,10 +114,11 @@ def replay_servers(
     with FakeUpstream(windows=WINDOWS, summarizer=summarizer) as up:
         models = [{"match": name, "context_window": w} for name, w in WINDOWS.items()]
         config = config_for(up, models=models, policies={"default": policy})
-        with proxy_server(config) as server:
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
+        with (
+            proxy_server(config) as server,
+            openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0) as client,
+        ):
             yield up, client
-            client.close()
 
 
 def send(
@@ -163,16 +169,21 @@ def replay(
     messages: Sequence[Message],
     *,
     model: str,
-    session: str | None = None,
     stream: bool = False,
 ) -> list[Turn]:
-    """Every request a client makes of `messages`: the history up to each assistant message."""
-    session = session or f"replay-{uuid.uuid4().hex}"
+    """Every request a client makes of `messages` (the history up to each assistant message),
+    in a session of its own."""
+    session = f"replay-{uuid.uuid4().hex}"
     return [
         send(client, up, history, session=session, model=model, stream=stream)
         for history in requests(messages)
         if history
     ]
+
+
+def budget_limit(model: str) -> int:
+    """The tokens the proxy's budget allows the prompt of a replayed request."""
+    return WINDOWS[model] - MAX_TOKENS - SAFETY_MARGIN
 
 
 def upstream_rejection(body: dict[str, Any]) -> str | None:
@@ -236,31 +247,22 @@ def stability(
     return Stability(*counts)
 
 
-def anchors_visible(view: Sequence[Message], anchors: Sequence[str]) -> list[str]:
-    """The anchors that `view` does not show (empty when all are visible)."""
-    text = "\n".join(visible_text(m) for m in view)
-    return [a for a in anchors if a not in text]
-
-
-@dataclass(frozen=True)
-class TracesReplay:
-    """Every recorded trace replayed at one window, joined into long sessions."""
-
-    model: str
-    sessions: list[list[Turn]]
-
-    @property
-    def turns(self) -> list[Turn]:
-        return [t for s in self.sessions for t in s]
+def lost_anchors(sent: Sequence[Message], view: Sequence[Message], pattern: str) -> list[str]:
+    """The anchors (matches of `pattern`) that `sent` shows and `view` does not."""
+    shown = "\n".join(visible_text(m) for m in view)
+    found = re.findall(pattern, "\n".join(visible_text(m) for m in sent))
+    return [a for a in dict.fromkeys(found) if a not in shown]
 
 
 @functools.cache
-def traces_replay(model: str, join: int, start: int = 0, stop: int | None = None) -> TracesReplay:
-    """The traces [start, stop) joined `join` at a time, replayed through the proxy at
-    `model`'s window (cached: the 8k replay serves the tests of issues 3 and 4)."""
+def traces_replay(
+    model: str, join: int, start: int = 0, stop: int | None = None
+) -> list[list[Turn]]:
+    """The sessions of the traces [start, stop) joined `join` at a time, replayed through the
+    proxy at `model`'s window (cached: the 8k replay serves the tests of issues 3 and 4)."""
     with replay_servers() as (up, client):
         sessions = []
         for messages in joined(join, start, stop):
             sessions.append(replay(client, up, messages, model=model))
-            up.reset()  # the bodies recorded so far are in the turns
-    return TracesReplay(model, sessions)
+            up.reset()  # the turns hold what they need of the recorded requests
+    return sessions

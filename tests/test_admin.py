@@ -42,7 +42,7 @@ def test_a_wrong_admin_token_is_refused(authorization: str | None) -> None:
             assert response.status_code == 401
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}
-        assert h.redis.keys(f"{h.config.store.key_prefix}:*") == []
+        assert list(h.redis.scan_iter(match=f"{h.config.store.key_prefix}:*")) == []
 
 
 def test_the_key_of_a_session_is_found_by_tenant_and_session_id() -> None:

@@ -95,7 +95,7 @@ def test_a_failing_summarizer_is_retried() -> None:
 
 
 def test_after_a_failure_the_summarizer_cools_down_then_rolls_the_digest_in() -> None:
-    cooldown = 1.5
+    cooldown = 2.5
     settings = {"retries": 0, "cooldown_seconds": cooldown}
     with harness(policies={"default": {**NO_PREPARE, "summarizer": settings}}) as h:
         h.summaries.answer = lambda n: RuntimeError("boom")
