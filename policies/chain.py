@@ -42,15 +42,19 @@ class Chain:
     """The non-system messages of a conversation, each by its digest.
 
     `prefix(n)` identifies the first n of them; a plan stores it for the prefix it covers.
-    `digest` may be a memoised `message_digest`: the proxy sees the same history every turn.
     """
 
-    def __init__(
-        self,
+    def __init__(self, digests: list[bytes]) -> None:
+        self.digests = digests
+
+    @classmethod
+    def of(
+        cls,
         messages: Sequence[Mapping[str, Any]],
         digest: Callable[[Mapping[str, Any]], bytes] = message_digest,
-    ) -> None:
-        self.digests = [digest(m) for m in messages if not is_system(m)]
+    ) -> Chain:
+        """The chain of the non-system `messages`."""
+        return cls([digest(m) for m in messages if not is_system(m)])
 
     def __len__(self) -> int:
         return len(self.digests)

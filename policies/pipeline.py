@@ -86,6 +86,7 @@ async def compact(
     summarizer: Summarizer | None = None,
     instructions: str | None = None,
     target_tokens: int | None = None,
+    message_tokens: Sequence[int] | None = None,
 ) -> Compaction:
     """Compact `messages`, starting from `plan`, down to the target (budget's or the given).
 
@@ -100,6 +101,7 @@ async def compact(
         target_tokens=target_tokens,
         summarizer=summarizer,
         instructions=instructions,
+        message_tokens=message_tokens,
     )
     tokens_before = tokens = Draft(messages, plan, ctx).tokens
     decisions: list[Decision] = []
@@ -133,10 +135,17 @@ def make_context(
     target_tokens: int | None = None,
     summarizer: Summarizer | None = None,
     instructions: str | None = None,
+    message_tokens: Sequence[int] | None = None,
 ) -> Context:
-    """The context the layers of `params` work in for this request."""
-    chain = tuple(m for m in messages if not is_system(m))
-    chain_tokens = tuple(counter.message(m) for m in chain)
+    """The context the layers of `params` work in for this request.
+
+    `message_tokens`, each message's count, spares counting again what the caller counted.
+    """
+    if message_tokens is None:
+        message_tokens = [counter.message(m) for m in messages]
+    counted = list(zip(messages, message_tokens, strict=True))
+    chain = tuple(m for m, _ in counted if not is_system(m))
+    chain_tokens = tuple(t for m, t in counted if not is_system(m))
     target = budget.target_tokens if target_tokens is None else target_tokens
     turn_start = current_turn_start(chain)
     turn = current_turn(chain)
@@ -145,7 +154,7 @@ def make_context(
         counter=counter,
         chain=chain,
         chain_tokens=chain_tokens,
-        system_tokens=sum(counter.message(m) for m in messages if is_system(m)),
+        system_tokens=sum(t for m, t in counted if is_system(m)),
         fixed_tokens=fixed_tokens,
         target_tokens=target,
         limit_tokens=budget.limit,

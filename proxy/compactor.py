@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ from policies.memory import memory_candidates
 
 from .config import Config, Policy, Upstream
 from .errors import ContextLengthExceeded, StoreUnavailableError
-from .memo import MessageDigests
+from .memo import MessageDigests, content_keys
 from .metrics import Metrics
 from .models import ModelCatalog
 from .state import Branch, Prepared, SessionState, decision_record
@@ -113,6 +114,7 @@ class Turn:
     limits: Limits
     budget: policies.Budget
     fixed: int
+    counts: list[int]  # tokens of each message of the request
     chain: policies.Chain
     loaded: Loaded
     branch: Branch | None
@@ -120,6 +122,16 @@ class Turn:
     @property
     def plan(self) -> policies.Plan:
         return self.branch.plan if self.branch else policies.Plan()
+
+    @property
+    def tokens_before(self) -> int:
+        return self.fixed + sum(self.counts)
+
+    def tokens(self, view: list[dict[str, Any]]) -> int:
+        """Tokens of `view`; the messages it shares with the request are not counted again."""
+        known = {id(m): t for m, t in zip(self.chat.messages, self.counts, strict=True)}
+        counter = self.limits.counter
+        return self.fixed + sum(known.get(id(m)) or counter.message(m) for m in view)
 
 
 class Compactor:
@@ -170,10 +182,9 @@ class Compactor:
     async def prepare(self, chat: Chat) -> Forward:
         turn = await self._turn(chat)
         messages = chat.messages
-        counter = turn.limits.counter
-        tokens_before = counter.count(messages, fixed=turn.fixed)
+        tokens_before = turn.tokens_before
         view = self._view(turn)
-        tokens = tokens_before if view is messages else counter.count(view, fixed=turn.fixed)
+        tokens = tokens_before if view is messages else turn.tokens(view)
         pending = turn.loaded.state.pending
         if tokens >= turn.budget.compact_tokens or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
@@ -220,9 +231,12 @@ class Compactor:
         )
         ratio = self._calibration.get(chat.key) or loaded.state.calibration or 1.0
         budget = _in_counted_tokens(budget, ratio)
-        chain = policies.Chain(chat.messages, self.digests)
+        keys = content_keys(chat.messages)
+        counts = limits.counter.counts(chat.messages, keys)
+        chain = self.digests.chain(chat.messages, keys)
         fixed = limits.counter.fixed(chat.body)
-        return Turn(chat, limits, budget, fixed, chain, loaded, loaded.state.branch(chain))
+        branch = loaded.state.branch(chain)
+        return Turn(chat, limits, budget, fixed, counts, chain, loaded, branch)
 
     def _view(self, turn: Turn) -> list[dict[str, Any]]:
         if turn.branch is None:
@@ -249,6 +263,7 @@ class Compactor:
                 params=chat.policy.compaction,
                 counter=turn.limits.counter,
                 fixed_tokens=turn.fixed,
+                message_tokens=turn.counts,
                 # Instructions are for a new summary: a prepared one never saw them.
                 summarizer=self._summarizer(
                     turn, None if instructions else turn.loaded.state.prepared
@@ -305,7 +320,11 @@ class Compactor:
             return
         if any(task.get_name() == turn.chat.key for task in self._background):
             return
-        task = asyncio.create_task(self._prepare(turn, tokens), name=turn.chat.key)
+        self._spawn(self._prepare(turn, tokens), turn.chat.key)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` in the background; kept referenced until done, cancelled at shutdown."""
+        task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -331,6 +350,7 @@ class Compactor:
                 params=turn.chat.policy.compaction,
                 counter=turn.limits.counter,
                 fixed_tokens=turn.fixed,
+                message_tokens=turn.counts,
                 summarizer=recording,
                 target_tokens=max(1, turn.budget.target_tokens - ahead),
             )
@@ -385,11 +405,13 @@ class Compactor:
         branch = Branch(new, turn.chain.prefix(new.covered), time.time())
         calibration = self._calibration.get(chat.key)
         max_branches = self.config.store.max_branches
+        decisions = [decision_record(d) for d in result.decisions]
+        candidates = memory_candidates(evicted)
 
         def apply(state: SessionState) -> SessionState:
             state = state.with_branch(branch, turn.chain, max_branches)
-            state = state.with_decisions([decision_record(d) for d in result.decisions])
-            state = state.with_memory(memory_candidates(evicted))
+            state = state.with_decisions(decisions)
+            state = state.with_memory(candidates)
             return dataclasses.replace(
                 state,
                 pending=None,
@@ -463,7 +485,7 @@ class Compactor:
         if turn.branch is None or turn.loaded.state.pending is not None:
             return None
         view = self._view(turn)
-        tokens = turn.limits.counter.count(view, fixed=turn.fixed)
+        tokens = turn.tokens(view)
         if tokens >= turn.budget.compact_tokens:
             return None
         body = orjson.dumps({**turn.chat.body, "messages": view})

@@ -6,14 +6,21 @@ memoised by the message's content: a fast 64-bit hash of its JSON, cheap to buil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import orjson
 
-from policies.chain import message_digest
+from policies.chain import Chain, message_digest
+from policies.conversation import is_system
 
 V = TypeVar("V")
+
+
+def content_keys(values: Sequence[Any]) -> list[int]:
+    """The memo key of each value: serialising is the costly part, so it is done once a
+    request and the keys shared by every memo that looks the values up."""
+    return [hash(orjson.dumps(value)) for value in values]
 
 
 class Memo(Generic[V]):
@@ -30,9 +37,11 @@ class Memo(Generic[V]):
     def __len__(self) -> int:
         return len(self._recent) + len(self._older)
 
-    def get(self, value: Any, make: Callable[[Any], V]) -> V:
-        """`make(value)`, memoised by the content of `value`."""
-        key = hash(orjson.dumps(value))
+    def get(self, value: Any, make: Callable[[Any], V], key: int | None = None) -> V:
+        """`make(value)`, memoised by the content of `value` (`key`, when the caller already
+        has it from `content_keys`)."""
+        if key is None:
+            key = hash(orjson.dumps(value))
         found = self._recent.get(key)
         if found is not None:
             self.hits += 1
@@ -50,11 +59,19 @@ class Memo(Generic[V]):
 
 
 class MessageDigests:
-    """`policies.chain.message_digest`, memoised: the chain of a long history is rehashed
-    every turn, and canonicalising each message costs far more than looking it up."""
+    """Chains of message digests, memoised: the chain of a long history is rebuilt every
+    turn, and canonicalising each message costs far more than looking it up."""
 
     def __init__(self, size: int = 65_536) -> None:
         self.memo: Memo[bytes] = Memo(size)
 
-    def __call__(self, message: Any) -> bytes:
-        return self.memo.get(message, message_digest)
+    def chain(self, messages: Sequence[Any], keys: Sequence[int]) -> Chain:
+        """The chain of `messages`, whose `content_keys` are `keys`."""
+        memo = self.memo
+        return Chain(
+            [
+                memo.get(message, message_digest, key)
+                for message, key in zip(messages, keys, strict=True)
+                if not is_system(message)
+            ]
+        )

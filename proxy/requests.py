@@ -54,7 +54,12 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
             raise InvalidRequest(
                 f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
             )
-        _check_message(message, f"messages[{i}]")
+        try:
+            _check_message(message)
+        except _BadField as bad:
+            # The location is only spelled out when something is wrong: this loop runs over
+            # every message of every request.
+            raise _invalid_type(f"messages[{i}]{bad.path}", bad.expected, bad.value) from None
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -62,7 +67,12 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _check_message(message: dict[str, Any], where: str) -> None:
+class _BadField(Exception):
+    def __init__(self, path: str, expected: str, value: Any) -> None:
+        self.path, self.expected, self.value = path, expected, value
+
+
+def _check_message(message: dict[str, Any]) -> None:
     """The fields compaction reads have the types OpenAI requires of them.
 
     OpenAI refuses these requests too; checking here keeps a malformed message that would
@@ -70,26 +80,25 @@ def _check_message(message: dict[str, Any], where: str) -> None:
     """
     content = message.get("content")
     if not (content is None or isinstance(content, str) or _all_typed_objects(content)):
-        raise _invalid_type(f"{where}.content", "a string or an array of typed objects", content)
+        raise _BadField(".content", "a string or an array of typed objects", content)
     for name in ("tool_call_id", "name"):
-        _check_string(message.get(name), f"{where}.{name}")
+        _check_string(message.get(name), f".{name}")
     calls = message.get("tool_calls")
     if calls is None:
         return
     if not isinstance(calls, list):
-        raise _invalid_type(f"{where}.tool_calls", "an array of objects", calls)
+        raise _BadField(".tool_calls", "an array of objects", calls)
     for j, call in enumerate(calls):
-        at = f"{where}.tool_calls[{j}]"
         if not isinstance(call, dict):
-            raise _invalid_type(at, "an object", call)
-        _check_string(call.get("id"), f"{at}.id")
+            raise _BadField(f".tool_calls[{j}]", "an object", call)
+        _check_string(call.get("id"), f".tool_calls[{j}].id")
         function = call.get("function")
         if function is None:
             continue
         if not isinstance(function, dict):
-            raise _invalid_type(f"{at}.function", "an object", function)
+            raise _BadField(f".tool_calls[{j}].function", "an object", function)
         for name in ("name", "arguments"):
-            _check_string(function.get(name), f"{at}.function.{name}")
+            _check_string(function.get(name), f".tool_calls[{j}].function.{name}")
 
 
 def _all_typed_objects(content: Any) -> bool:
@@ -98,9 +107,9 @@ def _all_typed_objects(content: Any) -> bool:
     )
 
 
-def _check_string(value: Any, param: str) -> None:
+def _check_string(value: Any, path: str) -> None:
     if value is not None and not isinstance(value, str):
-        raise _invalid_type(param, "a string", value)
+        raise _BadField(path, "a string", value)
 
 
 _KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}

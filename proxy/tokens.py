@@ -11,7 +11,7 @@ import functools
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -118,11 +118,16 @@ class TokenCounter:
 
     def count(self, messages: Iterable[dict[str, Any]], *, fixed: int = 0) -> int:
         """Messages plus `fixed` (see `fixed()`): what the prompt of a request costs."""
-        # This loop is the whole cost of a request that does not compact.
         total = fixed
         for message in messages:
             total += self._cached(message, self._measure_message)
         return total
+
+    def counts(self, messages: Sequence[dict[str, Any]], keys: Sequence[int]) -> list[int]:
+        """Each message's tokens, given the messages' `content_keys` (computed once a request:
+        this loop is the whole cost of a request that does not compact)."""
+        memo, measure = self._memo, self._measure_message
+        return [memo.get(m, measure, key) for m, key in zip(messages, keys, strict=True)]
 
     def tools(self, tools: list[dict[str, Any]] | None) -> int:
         """The tools schema (also the legacy `functions` list)."""

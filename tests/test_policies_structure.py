@@ -371,5 +371,5 @@ def test_documents_and_audio_are_estimated_from_their_size() -> None:
 
 
 def _prefixes(messages: list[dict]) -> list[str]:
-    chain = Chain(messages)
+    chain = Chain.of(messages)
     return [chain.prefix(n) for n in range(1, len(chain) + 1)]

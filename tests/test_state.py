@@ -84,7 +84,7 @@ def test_a_record_is_a_usable_state_or_refused(raw: Any) -> None:
         prepared = state.prepared
         assert all(isinstance(v, int) for v in (prepared.start, prepared.end))
         assert all(isinstance(v, str) for v in (prepared.chain, prepared.base, prepared.text))
-    chain = Chain([{"role": "user", "content": "hi"}])
+    chain = Chain.of([{"role": "user", "content": "hi"}])
     state.branch(chain)
     state.with_memory([{"kind": "fact", "text": "I am here.", "confidence": 0.6}])
     assert SessionState.from_bytes(state.to_bytes()) == state
@@ -103,7 +103,7 @@ def test_garbage_is_refused() -> None:
 
 
 def branch_over(messages: list[dict[str, Any]], cut: int = 2, used: float = 0.0) -> Branch:
-    chain = Chain(messages)
+    chain = Chain.of(messages)
     plan = Plan(cut=cut, summary=Summary("s", "llm"), covered=len(chain))
     return Branch(plan, chain.prefix(len(chain)), used)
 
@@ -122,22 +122,22 @@ def test_a_branch_applies_to_its_history_and_to_what_grew_from_it() -> None:
     messages = chat(4)
     branch = branch_over(messages)
     grown = [*messages, {"role": "user", "content": "and then?"}]
-    assert branch.matches(Chain(messages)) and branch.matches(Chain(grown))
-    assert not branch.matches(Chain(messages[:-1]))  # shorter than what it covers
+    assert branch.matches(Chain.of(messages)) and branch.matches(Chain.of(grown))
+    assert not branch.matches(Chain.of(messages[:-1]))  # shorter than what it covers
     # System messages are not part of the chain: a new date in the prompt changes nothing.
-    assert branch.matches(Chain([{"role": "system", "content": "Today is Monday."}, *grown]))
+    assert branch.matches(Chain.of([{"role": "system", "content": "Today is Monday."}, *grown]))
     # What SDKs echo back differently is not a change either.
     echoed = [
         {**m, "refusal": None, "annotations": []} if m["role"] == "assistant" else m
         for m in messages
     ]
-    assert branch.matches(Chain(echoed))
+    assert branch.matches(Chain.of(echoed))
 
 
 @given(st.data())
 def test_an_edit_inside_the_covered_prefix_never_matches(data: st.DataObject) -> None:
     messages = data.draw(conversations())
-    chain = Chain(messages)
+    chain = Chain.of(messages)
     if len(chain) == 0:
         return
     branch = branch_over(messages, cut=0)
@@ -145,26 +145,26 @@ def test_an_edit_inside_the_covered_prefix_never_matches(data: st.DataObject) ->
     where = data.draw(st.sampled_from(positions))
     edited = [dict(m) for m in messages]
     edited[where]["content"] = f"edited: {edited[where].get('content')!r}"
-    assert branch.matches(Chain(messages))
-    assert not branch.matches(Chain(edited))
+    assert branch.matches(Chain.of(messages))
+    assert not branch.matches(Chain.of(edited))
 
 
 def test_the_longest_matching_branch_is_chosen() -> None:
     short, long = branch_over(chat(3)), branch_over(chat(6))
     other = branch_over(chat(8, variant=" (edited)"))
     state = SessionState(branches=(short, other, long))
-    assert state.branch(Chain(chat(7))) == long
-    assert state.branch(Chain(chat(4))) == short
-    assert state.branch(Chain(chat(2))) is None
-    assert state.branch(Chain(chat(9, variant=" (edited)"))) == other
-    assert SessionState().branch(Chain(chat(2))) is None
+    assert state.branch(Chain.of(chat(7))) == long
+    assert state.branch(Chain.of(chat(4))) == short
+    assert state.branch(Chain.of(chat(2))) is None
+    assert state.branch(Chain.of(chat(9, variant=" (edited)"))) == other
+    assert SessionState().branch(Chain.of(chat(2))) is None
 
 
 def test_a_new_plan_replaces_its_own_branch_and_keeps_the_others() -> None:
     old = branch_over(chat(3), used=1.0)
     other = branch_over(chat(3, variant=" (edited)"), used=2.0)
     new = branch_over(chat(5), cut=4, used=3.0)
-    state = SessionState(branches=(old, other)).with_branch(new, Chain(chat(5)), 4)
+    state = SessionState(branches=(old, other)).with_branch(new, Chain.of(chat(5)), 4)
     assert state.branches == (new, other)
 
 
@@ -172,7 +172,7 @@ def test_at_most_max_branches_least_recently_used_out() -> None:
     variants = [branch_over(chat(3, variant=f" v{i}"), used=float(i)) for i in range(6)]
     state = SessionState(branches=tuple(reversed(variants[:5])))  # any order
     newest = variants[5]
-    state = state.with_branch(newest, Chain(chat(3, variant=" v5")), 3)
+    state = state.with_branch(newest, Chain.of(chat(3, variant=" v5")), 3)
     assert state.branches == (newest, variants[4], variants[3])
 
 

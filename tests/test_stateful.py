@@ -317,7 +317,7 @@ def test_the_watermark_only_moves_forward() -> None:
             chat.until("compacted")
             (branch,) = h.state(chat.key).branches
             marks.append((branch.plan.cut, branch.plan.covered))
-            assert branch.plan.covered == len(Chain(chat.messages)) - 1
+            assert branch.plan.covered == len(Chain.of(chat.messages)) - 1
         cuts, covered = zip(*marks, strict=True)
         assert list(cuts) == sorted(set(cuts))
         assert list(covered) == sorted(set(covered))
@@ -349,7 +349,7 @@ def test_an_edited_history_is_compacted_from_scratch_and_the_old_branch_survives
         after = h.state(chat.key)
         assert len(after.branches) == 2
         assert branch in after.branches  # the old branch, untouched
-        assert after.branch(Chain(chat.messages)) == branch
+        assert after.branch(Chain.of(chat.messages)) == branch
         headers = chat.say()
         assert headers["x-compaction-action"] == "replayed"
         assert header_text(h.forwarded()[-1]).endswith(branch.plan.summary.text)
@@ -372,7 +372,7 @@ def test_branches_are_capped_least_recently_used_out() -> None:
             key, action = send(messages)
             assert action == "compacted"
         state = h.state(key)
-        found = [state.branch(Chain(messages)) for messages in variants]
+        found = [state.branch(Chain.of(messages)) for messages in variants]
         assert found[0] is None and None not in found[1:]
         assert len(state.branches) == 2
 
