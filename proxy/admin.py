@@ -69,23 +69,7 @@ class Admin:
         if record is None:
             raise NotFound("no such session")
         state = SessionState.from_bytes(record.data)
-        body = {
-            "key": key,
-            "version": record.version,
-            "branches": [
-                {
-                    "plan": branch.plan.to_dict(),
-                    "chain": branch.chain,
-                    "used": branch.used,
-                }
-                for branch in state.branches
-            ],
-            "prepared": dataclasses.asdict(state.prepared) if state.prepared else None,
-            "decisions": state.decisions,
-            "memory": state.memory,
-            "calibration": state.calibration,
-            "pending_compaction": state.pending,
-        }
+        body = {"key": key, "version": record.version, **state.to_dict()}
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         return Response(data, media_type="application/json")
 

@@ -77,22 +77,21 @@ class SessionState:
         merged = [*kept, *(_capped(c) for c in candidates)][-MAX_MEMORY:]
         return dataclasses.replace(self, memory=tuple(merged))
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: what is stored, and what the admin API shows."""
+        return {
+            "branches": [
+                {"plan": b.plan.to_dict(), "chain": b.chain, "used": b.used} for b in self.branches
+            ],
+            "prepared": dataclasses.asdict(self.prepared) if self.prepared else None,
+            "decisions": self.decisions,
+            "memory": self.memory,
+            "calibration": self.calibration,
+            "pending": self.pending,
+        }
+
     def to_bytes(self) -> bytes:
-        return orjson.dumps(
-            {
-                "v": 1,
-                "branches": [
-                    {"plan": b.plan.to_dict(), "chain": b.chain, "used": b.used}
-                    for b in self.branches
-                ],
-                "prepared": dataclasses.asdict(self.prepared) if self.prepared else None,
-                "decisions": self.decisions,
-                "memory": self.memory,
-                "calibration": self.calibration,
-                "pending": self.pending,
-            },
-            option=orjson.OPT_NON_STR_KEYS,
-        )
+        return orjson.dumps({"v": 1, **self.to_dict()}, option=orjson.OPT_NON_STR_KEYS)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:

@@ -87,7 +87,7 @@ def test_inspect_shows_plan_summary_decisions_memory_and_calibration() -> None:
         )
         assert session["memory"][1]["kind"] == "remember"
         assert session["calibration"] == pytest.approx(1.0, abs=0.02)  # counted exactly
-        assert session["pending_compaction"] is None
+        assert session["pending"] is None
 
 
 def test_reset_forgets_the_session() -> None:
@@ -115,7 +115,7 @@ def test_compact_now_with_instructions_on_the_next_request() -> None:
         )
         assert response.status_code == 202
         session = h.admin("GET", f"/admin/sessions/{chat.key}").json()
-        assert session["pending_compaction"] == instructions
+        assert session["pending"] == instructions
 
         chat.skip(6)  # past what the prepared summary covers: it would do without an LLM call
         assert chat.say()["x-compaction-action"] == "compacted"
@@ -125,7 +125,7 @@ def test_compact_now_with_instructions_on_the_next_request() -> None:
             in (h.summaries.prompts[-1])
         )
         session = h.admin("GET", f"/admin/sessions/{chat.key}").json()
-        assert session["pending_compaction"] is None
+        assert session["pending"] is None
         assert chat.say()["x-compaction-action"] == "replayed"
 
 

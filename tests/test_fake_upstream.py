@@ -28,44 +28,12 @@ from tests.fake_upstream import (
     count_prompt_tokens,
     validate_chat,
 )
+from tests.openai_examples import COOKBOOK
 
 WINDOWS = {"gpt-4o-mini": 128_000, "small-8k": 8192, "gpt-4": 8192}
 CHAT = "/v1/chat/completions"
 # OpenAI cookbook "How to count tokens with tiktoken": the API counted 124 prompt tokens for
 # these messages with gpt-4o-mini and 129 with gpt-4.
-COOKBOOK = [
-    {
-        "role": "system",
-        "content": "You are a helpful, pattern-following assistant that translates"
-        " corporate jargon into plain English.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "New synergies will help drive top-line growth.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Things working well together will increase revenue.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "Let's circle back when we have more"
-        " bandwidth to touch base on opportunities for increased leverage.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Let's talk later when we're less busy about how to do better.",
-    },
-    {
-        "role": "user",
-        "content": "This late pivot means we don't have time to boil the ocean for"
-        " the client deliverable.",
-    },
-]
 WEATHER = {
     "type": "function",
     "function": {

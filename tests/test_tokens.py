@@ -23,45 +23,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.tokens import TokenCounter, configure_offline_encodings, counter_for
+from tests.openai_examples import COOKBOOK
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = Path("/work/shared/traces")
 
 # OpenAI cookbook, "How to count tokens with tiktoken": 129 prompt tokens for gpt-3.5-turbo
 # and gpt-4, 124 for gpt-4o and gpt-4o-mini, as counted by the OpenAI API.
-COOKBOOK_MESSAGES: list[dict[str, Any]] = [
-    {
-        "role": "system",
-        "content": "You are a helpful, pattern-following assistant that translates corporate "
-        "jargon into plain English.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "New synergies will help drive top-line growth.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Things working well together will increase revenue.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "Let's circle back when we have more bandwidth to touch base on opportunities "
-        "for increased leverage.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Let's talk later when we're less busy about how to do better.",
-    },
-    {
-        "role": "user",
-        "content": "This late pivot means we don't have time to boil the ocean for the client "
-        "deliverable.",
-    },
-]
 # Same cookbook, with tools: 105 prompt tokens for gpt-3.5-turbo and gpt-4, 101 for gpt-4o.
 WEATHER_TOOLS: list[dict[str, Any]] = [
     {
@@ -131,7 +99,7 @@ def trace_history(tokens: int) -> list[dict[str, Any]]:
 def test_cookbook_messages(model: str, expected: int) -> None:
     counter = counter_for(model)
     assert counter.mode == "exact"
-    assert request_tokens(counter, {"model": model, "messages": COOKBOOK_MESSAGES}) == expected
+    assert request_tokens(counter, {"model": model, "messages": COOKBOOK}) == expected
 
 
 @pytest.mark.parametrize(
