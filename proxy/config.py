@@ -98,9 +98,9 @@ class Summarizer:
 class Policy:
     reserved_output_tokens: int = 4096
     safety_margin_tokens: int = 256
-    prepare_at: float = 0.6
-    compact_at: float = 0.85
-    target: float = 0.45
+    prepare_at: float = 0.75
+    compact_at: float = 0.9
+    target: float = 0.7
     summarizer: Summarizer = Summarizer()
     compaction: policies.PolicyParams = dataclasses.field(default_factory=policies.PolicyParams)
     name: str = dataclasses.field(default="", init=False)

@@ -133,7 +133,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
         "summarize",
         "trim_head",
     ]
-    assert config.policies["cheap"].target == 0.45  # defaults fill what is left out
+    assert config.policies["cheap"].target == 0.7  # defaults fill what is left out
     assert config.routes[0].policy_header == "careful"
     assert config.admin.token == secrets["CP_TEST_ADMIN_TOKEN"]
     assert (config.logging.level, config.logging.format) == ("debug", "text")
@@ -372,7 +372,7 @@ models:
 policies:
   default: {}
   mini: {target: 0.3}
-  careful: {compact_at: 0.7}
+  careful: {compact_at: 0.8, prepare_at: 0.6, target: 0.5}
 routes:
   - {policy: careful, policy_header: careful}
   - {policy: mini, model: "gpt-4o-mini*"}

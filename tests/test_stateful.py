@@ -491,7 +491,7 @@ async def test_a_replica_does_not_prepare_while_another_compacts() -> None:
         # Replica 0 compacts the session; meanwhile replica 1 serves it at the prepare level.
         compacting = asyncio.ensure_future(ask(h, 0, history(24)))
         assert await asyncio.to_thread(h.up.wait_for, lambda: h.up.summary_calls == 1)
-        preparing = await ask(h, 1, history(14))
+        preparing = await ask(h, 1, history(15))
         assert (await compacting)["x-compaction-action"] == "compacted"
         assert preparing["x-compaction-action"] == "none"
         assert int(preparing["x-compaction-tokens-after"]) >= h.budget().prepare_tokens
