@@ -20,7 +20,7 @@ from .compactor import Compactor
 from .config import Config
 from .errors import NotFound, ProxyError, UpstreamUnreachable, error_body
 from .metrics import CONTENT_TYPE_LATEST, Metrics
-from .requests import read_body
+from .requests import query_string, read_body
 from .store import SessionStore, open_store
 from .streaming import Relay, until_disconnect
 from .tenants import Tenants
@@ -63,10 +63,10 @@ class Proxy:
         self.tenants.tenant(request.headers)
         upstream = self.config.upstreams[self.config.default_upstream]
         body = await read_body(request, self.config.listen.max_body_bytes)
-        path = request.url.path.removeprefix("/v1")
+        path = request.scope["path"].removeprefix("/v1")
         headers = relayable(request.headers.items(), self._drop)
         response = await self.client.open(
-            upstream, request.method, path, request.url.query, headers, body or None
+            upstream, request.method, path, query_string(request), headers, body or None
         )
         self.metrics.requests.labels("passthrough", str(response.status)).inc()
 
@@ -80,12 +80,15 @@ class Proxy:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        ready = await self.store.ping()
+        """Ready when the store answers and the tokenizer is loaded."""
+        store = await self.store.ping()
+        warm = self.compactor.warm
         body = {
-            "status": "ready" if ready else "degraded",
-            "store": "ok" if ready else "unavailable",
+            "status": "ready" if store and warm else "degraded",
+            "store": "ok" if store else "unavailable",
+            "tokenizer": "loaded" if warm else "loading",
         }
-        return JSONResponse(body, status_code=200 if ready else 503)
+        return JSONResponse(body, status_code=200 if store and warm else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)

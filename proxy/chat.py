@@ -20,7 +20,7 @@ from .compactor import Chat, Compactor, Forward
 from .config import Config
 from .errors import UpstreamUnreachable
 from .metrics import Metrics
-from .requests import max_output_requested, parse_chat, read_body, wants_usage
+from .requests import max_output_requested, parse_chat, query_string, read_body, wants_usage
 from .sessions import session_id
 from .streaming import Relay, usage_from_sse
 from .tenants import Tenants
@@ -75,13 +75,14 @@ class ChatHandler:
         )
         forward = await self.compactor.prepare(chat)
         headers = relayable(request.headers.items(), self.drop_headers)
+        query = query_string(request)
         headers.append(("Accept-Encoding", "identity"))
         overhead = time.perf_counter() - started
         self.metrics.overhead.observe(overhead)
 
         sent = time.perf_counter()
         response = await self.client.open(
-            upstream, "POST", "/chat/completions", request.url.query, headers, forward.body
+            upstream, "POST", "/chat/completions", query, headers, forward.body
         )
         if response.status == 400 and forward.can_retry:
             error = await read_upstream_body(response, upstream.timeouts.stream_idle)
@@ -90,7 +91,7 @@ class ChatHandler:
                 # before any byte has gone to the client.
                 forward = await self.compactor.retry_harder(chat, forward)
                 response = await self.client.open(
-                    upstream, "POST", "/chat/completions", request.url.query, headers, forward.body
+                    upstream, "POST", "/chat/completions", query, headers, forward.body
                 )
             else:
                 return self._finish(chat, forward, response, error, overhead)

@@ -148,11 +148,13 @@ class Compactor:
         self._limits: dict[str, Limits] = {}
         self._calibration: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self.warm = False
 
     def warm_up(self) -> None:
-        """Load the tokenizers and the model map now rather than on the first request."""
-        for model in ("gpt-4o", "gpt-4"):
-            self.limits(model).counter.text("warm up")
+        """Load the current models' tokenizer and the model map before the first request
+        (older encodings load on first use: each costs tens of MB)."""
+        self.limits("gpt-4o").counter.text("warm up")
+        self.warm = True
 
     async def close(self) -> None:
         for task in list(self._background):

@@ -124,6 +124,12 @@ def _invalid_type(param: str, expected: str, value: Any) -> InvalidRequest:
     )
 
 
+def query_string(request: Request) -> str:
+    """The raw query string (without building a URL object on the hot path)."""
+    query: bytes = request.scope.get("query_string", b"")
+    return query.decode("latin-1")
+
+
 def max_output_requested(body: dict[str, Any]) -> int | None:
     value = body.get("max_completion_tokens")
     if value is None:

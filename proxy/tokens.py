@@ -271,4 +271,8 @@ def _shared(encoding: str | None) -> TokenCounter:
     if encoding is None:
         return TokenCounter(None)
     configure_offline_encodings()
-    return TokenCounter(tiktoken.get_encoding(encoding))
+    loaded = tiktoken.get_encoding(encoding)
+    # tiktoken keeps a Python copy of the ranks (~30 MB for o200k) only to pickle the
+    # encoding, which the proxy never does; its Rust core has its own.
+    loaded.__dict__.pop("_mergeable_ranks", None)
+    return TokenCounter(loaded)

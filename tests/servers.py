@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 import uvicorn
@@ -15,15 +16,24 @@ from proxy.config import Config
 
 
 def proxy_server(config: Config, **kwargs: object) -> ServerThread:
-    """The proxy built from `config`, served as `compaction-proxy serve` would serve it."""
+    """The proxy built from `config`, served as `compaction-proxy serve` would serve it;
+    entered once it is ready (its tokenizer loaded)."""
     app = create_app(config, **kwargs)  # type: ignore[arg-type]
-    return ServerThread(app, server_config(app, config))
+    return ServerThread(
+        app, server_config(app, config), ready=lambda: app.state.proxy.compactor.warm
+    )
 
 
 class ServerThread:
     """Runs an ASGI app with uvicorn on 127.0.0.1 on a free port, in its own thread and loop."""
 
-    def __init__(self, app: ASGIApp, config: uvicorn.Config | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        config: uvicorn.Config | None = None,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.ready = ready
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -40,7 +50,7 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + 10
-        while not self.server.started:
+        while not (self.server.started and self.ready()):
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("server did not start")
             time.sleep(0.01)

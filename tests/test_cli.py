@@ -116,7 +116,10 @@ def test_serve_starts_on_the_repository_config() -> None:
                 assert time.monotonic() < deadline, "the proxy did not start"
                 time.sleep(0.05)
         assert health.json() == {"status": "ok"}
-        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+        # Ready once the tokenizer has loaded in the background.
+        while httpx.get(f"http://127.0.0.1:{port}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "the proxy did not become ready"
+            time.sleep(0.05)
         missing = httpx.get(f"http://127.0.0.1:{port}/nowhere")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     finally:

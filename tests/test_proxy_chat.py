@@ -258,7 +258,11 @@ def test_redis_store_serves_and_is_ready(
         response = http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO})
         assert response.status_code == 200
         assert response.headers["x-compaction-store"] == "ok"
-        assert http.get(server.url + "/readyz").json() == {"status": "ready", "store": "ok"}
+        assert http.get(server.url + "/readyz").json() == {
+            "status": "ready",
+            "store": "ok",
+            "tokenizer": "loaded",
+        }
 
 
 def test_metrics_count_requests(
