@@ -28,3 +28,5 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/compaction.py
+	$(BIN)/python bench/savings.py
+	$(BIN)/python bench/sessions.py

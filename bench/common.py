@@ -41,6 +41,7 @@ class Server:
 
     process: subprocess.Popen[bytes]
     url: str
+    spawned: float  # time.perf_counter() when the process was spawned
     started_in: float  # seconds from spawning the process to its first good answer
     log: Path
 
@@ -91,16 +92,23 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, starte
 
 
 @contextlib.contextmanager
+def serve(args: Sequence[str], name: str, port: int, ready_path: str) -> Iterator[Server]:
+    """Run a server process listening on `port` until it answers `ready_path` with a 200."""
+    started = time.perf_counter()
+    with _process(args, name) as (process, log):
+        origin = f"http://127.0.0.1:{port}"
+        took = _wait_until_up(process, origin + ready_path, log, started)
+        yield Server(process, f"{origin}/v1", started, took, log)
+
+
+@contextlib.contextmanager
 def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
     """tests/fake_upstream.py serving on a free port, recording nothing."""
     port = free_port()
     args = [sys.executable, "tests/fake_upstream.py", "--port", str(port)]
     args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
-    started = time.perf_counter()
-    with _process(args, "fake") as (process, log):
-        origin = f"http://127.0.0.1:{port}"
-        took = _wait_until_up(process, f"{origin}/v1/models", log, started)
-        yield Server(process, f"{origin}/v1", took, log)
+    with serve(args, "fake", port, "/v1/models") as server:
+        yield server
 
 
 @contextlib.contextmanager
@@ -112,13 +120,19 @@ def proxy(config_yaml: str) -> Iterator[Server]:
     config = Path(file.name)
     args = [str(BIN / "compaction-proxy"), "serve", "--config", str(config), "--port", str(port)]
     try:
-        started = time.perf_counter()
-        with _process(args, "proxy") as (process, log):
-            origin = f"http://127.0.0.1:{port}"
-            took = _wait_until_up(process, f"{origin}/healthz", log, started)
-            yield Server(process, f"{origin}/v1", took, log)
+        with serve(args, "proxy", port, "/healthz") as server:
+            yield server
     finally:
         config.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def bare_relay(upstream: str) -> Iterator[Server]:
+    """bench/relay.py, the floor: a relay with nothing of the proxy's own work."""
+    port = free_port()
+    args = [sys.executable, "bench/relay.py", "--port", str(port), "--upstream", upstream]
+    with serve(args, "relay", port, "/healthz") as server:
+        yield server
 
 
 def memory_mb(pid: int) -> dict[str, float]:

@@ -33,6 +33,7 @@ from common import free_port, long_history, machine, percentile
 import policies
 from proxy.compactor import Chat, Compactor
 from proxy.config import Config, Policy, load, loads
+from proxy.memo import content_keys
 from proxy.metrics import Metrics
 from proxy.models import ModelCatalog
 from proxy.state import SessionState
@@ -176,6 +177,7 @@ async def bench_request(runs: int) -> list[str]:
     config = proxy_config()
     client = UpstreamClient()
     compactor = Compactor(config, store, client, Metrics())
+    keys = content_keys(messages)
     counter = compactor.limits(MODEL).counter
     plain = chat_of(config, LARGE_MODEL, messages)  # under every level: forwarded as it is
     replay = chat_of(config, MODEL, messages)  # over MODEL's compact level: its plan applies
@@ -199,9 +201,11 @@ async def bench_request(runs: int) -> list[str]:
         f"a request of {len(messages)} messages, {counter.count(messages)} tokens, not "
         "compacted (memory store):",
         f"{'':34} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8}",
+        f"{'content keys (one dumps+hash each)':34} "
+        f"{ms(await timed(lambda: content_keys(messages), runs))}",
         f"{'chain (memoised digests)':34} "
-        f"{ms(await timed(lambda: policies.Chain.of(messages), runs))}",
-        f"{'count (cached)':34} {ms(await timed(lambda: counter.count(messages), runs))}",
+        f"{ms(await timed(lambda: compactor.digests.chain(messages, keys), runs))}",
+        f"{'counts (cached)':34} {ms(await timed(lambda: counter.counts(messages, keys), runs))}",
         f"{'store get + parse':34} {ms(await timed(get, runs))}",
         f"{'Compactor.prepare, action none':34} "
         f"{ms(await timed(lambda: prepare(plain, 'none'), runs))}",

@@ -1,7 +1,7 @@
 """Token savings at a small window: the proxy's compaction beside LangChain's and LiteLLM's
 `trim_messages`, on the recorded traces replayed turn by turn, in one run.
 
-    .venv/bin/python bench/savings.py [--window 8192] [--join 4]
+    .venv/bin/python bench/savings.py [--window 8192] [--join 2]
 
 Each session is replayed as a client does it: one request per assistant message, holding the
 history up to it, with max_tokens = a quarter of the window. Every method gets the same prompt
@@ -12,7 +12,9 @@ are the conversations alone, then `--join` of them joined into one long session.
 - proxy: `policies.compact` with the default policy of config.yaml and the mechanical digest
   (no LLM), applied statefully as the proxy does: the session's plan is replayed on every
   request and a new compaction happens only at the compact level (proxy/compactor.py).
-  "proxy+anchors" adds the identifier patterns below as the policy's anchors.
+  "proxy+anchors" adds the identifier patterns below as the policy's anchors; "proxy 85/45"
+  is the default policy with DESIGN.md's first suggested levels, compact_at 0.85 and target
+  0.45 (fewer, larger compactions: more stable prefixes, less content kept).
 - langchain: `langchain_core.messages.trim_messages(strategy="last", start_on="human",
   include_system=True)`, counting with the proxy's tiktoken counter.
 - litellm: `litellm.utils.trim_messages(max_tokens=budget)`, counting with its own counter.
@@ -39,13 +41,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from langchain_core.messages import (
+    BaseMessage,
+    convert_to_messages,
+    convert_to_openai_messages,
+    trim_messages,
+)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import load_traces, machine
-from compaction import MODEL, budget_for, default_policy
+from common import load_traces
+from compaction import MODEL, budget_for, conditions, default_policy
 
 import policies
-from policies.message import Message, tool_calls, visible_text
+from policies.message import Message, call_arguments, call_function, tool_calls, visible_text
 from proxy.config import Policy
 from proxy.tokens import REPLY_PRIMING, TokenCounter, counter_for
 from tests.fake_upstream import (
@@ -122,45 +131,34 @@ class LangChain:
     name = "langchain"
 
     def __init__(self, budget: policies.Budget, counter: TokenCounter) -> None:
-        from langchain_core.messages import (
-            BaseMessage,
-            convert_to_messages,
-            convert_to_openai_messages,
-            trim_messages,
-        )
-
         self.budget = budget
-        self.to_langchain = convert_to_messages
-        self.to_openai = convert_to_openai_messages
-        self.trim = trim_messages
-        self.base = BaseMessage
         self.counter = counter
 
     def start(self) -> None:
         pass
 
     async def view(self, messages: list[Message]) -> list[Message] | None:
-        converted = self.to_langchain(messages)
         counts: dict[int, int] = {}  # by id: the messages live as long as this request
 
-        def count(batch: list[Any]) -> int:
+        def count(batch: list[BaseMessage]) -> int:
             total = REPLY_PRIMING
             for message in batch:
                 found = counts.get(id(message))
                 if found is None:
-                    found = counts[id(message)] = self.counter.message(self.to_openai(message))
+                    openai = convert_to_openai_messages(message)
+                    found = counts[id(message)] = self.counter.message(openai)
                 total += found
             return total
 
-        kept = self.trim(
-            converted,
+        kept = trim_messages(
+            convert_to_messages(messages),
             max_tokens=self.budget.limit,
             token_counter=count,
             strategy="last",
             start_on="human",
             include_system=True,
         )
-        result: list[Message] = self.to_openai(kept)
+        result: list[Message] = convert_to_openai_messages(kept)
         return result
 
 
@@ -168,7 +166,7 @@ class LiteLLM:
     name = "litellm"
 
     def __init__(self, budget: policies.Budget) -> None:
-        import litellm.utils
+        import litellm.utils  # here: after LITELLM_LOCAL_MODEL_COST_MAP is set
 
         # It logs a traceback when it gives up (and returns the messages untrimmed).
         logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
@@ -266,12 +264,11 @@ def form(message: Message) -> bytes:
 
 
 def reparsed(call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function") or {}
     try:
-        arguments = json.dumps(json.loads(function.get("arguments")), sort_keys=True)
-    except (TypeError, ValueError):
+        arguments = json.dumps(json.loads(call_arguments(call)), sort_keys=True)
+    except ValueError:
         return call
-    return {**call, "function": {**function, "arguments": arguments}}
+    return {**call, "function": {**call_function(call), "arguments": arguments}}
 
 
 def forms(messages: Sequence[Message]) -> list[bytes]:
@@ -409,16 +406,16 @@ async def main() -> None:
     anchored = dataclasses.replace(
         policy, compaction=dataclasses.replace(policy.compaction, anchors=IDENTIFIERS)
     )
-    fuller = dataclasses.replace(policy, compact_at=0.95, target=0.75)
+    fuller = dataclasses.replace(policy, compact_at=0.85, target=0.45, prepare_at=0.6)
     methods: list[Method] = [
         Proxy("proxy", policy, budget, counter),
         Proxy("proxy+anchors", anchored, budget, counter),
-        Proxy("proxy 95/75", fuller, budget_for(fuller, args.window, max_tokens), counter),
+        Proxy("proxy 85/45", fuller, budget_for(fuller, args.window, max_tokens), counter),
         LangChain(budget, counter),
         LiteLLM(budget),
     ]
     conversations = load_traces()
-    print(machine())
+    print(conditions())
     print(
         f"{MODEL}, window {args.window}, max_tokens {max_tokens}, prompt budget {budget.limit}"
         f" (compact at {budget.compact_tokens}, target {budget.target_tokens});"

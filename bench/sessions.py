@@ -41,16 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     Server,
-    _process,
-    _wait_until_up,
     free_port,
     load_traces,
     long_history,
-    machine,
     percentile,
     proxy,
+    serve,
 )
-from compaction import MODEL, budget_for, default_policy
+from compaction import MODEL, budget_for, conditions, default_policy
 
 import policies
 from proxy.tokens import counter_for
@@ -60,6 +58,7 @@ WINDOW = 32_000
 HISTORY_TOKENS = 100_000
 HEADERS = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
 PREPARED_TIMEOUT = 20.0
+WARM_UP = 3  # request rounds before the samples: connections and caches warm
 
 
 @contextlib.contextmanager
@@ -68,11 +67,8 @@ def fake_upstream(delay: float) -> Iterator[Server]:
     `delay` seconds (tests/fake_upstream.py's command line has no summary delay)."""
     port = free_port()
     args = [sys.executable, __file__, "--serve-fake", str(port), "--delay", str(delay)]
-    started = time.perf_counter()
-    with _process(args, "fake") as (process, log):
-        origin = f"http://127.0.0.1:{port}"
-        took = _wait_until_up(process, f"{origin}/v1/models", log, started)
-        yield Server(process, f"{origin}/v1", took, log)
+    with serve(args, "fake", port, "/v1/models") as server:
+        yield server
 
 
 def serve_fake(port: int, delay: float) -> None:
@@ -125,7 +121,6 @@ class Figures:
     direct_whole: list[float] = field(default_factory=list)
     through: list[float] = field(default_factory=list)
     overhead_ms: list[float] = field(default_factory=list)
-    first_ms: float = 0.0
     forwarded: int = 0
     sent: int = 0
     dialogue_tokens: tuple[int, int] = (0, 0)  # the prepare-level and the compact-level turn
@@ -142,11 +137,9 @@ class Client:
         self.admin = admin
         self.origin = proxy.removesuffix("/v1")
 
-    async def post(
-        self, base: str, body: bytes, session: str | None = None
-    ) -> tuple[float, dict[str, str]]:
+    async def post(self, base: str, body: bytes, session: str) -> tuple[float, dict[str, str]]:
         """Seconds for one chat completion, and the response headers."""
-        headers = {**HEADERS, "X-Session-Id": session} if session else HEADERS
+        headers = {**HEADERS, "X-Session-Id": session}
         started = time.perf_counter()
         async with self.http.post(f"{base}/chat/completions", data=body, headers=headers) as r:
             await r.read()
@@ -177,26 +170,26 @@ async def replayed(client: Client, history: list[dict[str, Any]], runs: int, f: 
     session = "replay-" + secrets.token_hex(4)
     _, headers = await client.post(client.proxy, body, session)  # compacts, with a summary
     expect(headers, "compacted")
-    took, headers = await client.post(client.proxy, body, session)
+    _, headers = await client.post(client.proxy, body, session)
     expect(headers, "replayed")
-    f.first_ms = float(headers["x-compaction-overhead-ms"])
     f.sent = int(headers["x-compaction-tokens-before"])
     f.forwarded = int(headers["x-compaction-tokens-after"])
     # What the proxy forwards: the plan it stored, applied to the history.
     branch = (await client.state(headers["x-compaction-session"]))["branches"][0]
     view = policies.render(history, policies.Plan.from_dict(branch["plan"]))
-    forwarded = chat(view)
-    for i in range(runs + 3):  # three rounds to warm connections, then alternate the order
-        for kind in ("through", "view", "whole") if i % 2 else ("view", "whole", "through"):
+    kinds = {  # where to, what, and the samples
+        "through": (client.proxy, body, f.through),
+        "view": (client.fake, chat(view), f.direct_view),
+        "whole": (client.fake, body, f.direct_whole),
+    }
+    for i in range(WARM_UP + runs):  # alternate the order, so that drift cancels out
+        for kind in list(kinds) if i % 2 else reversed(kinds):
+            base, data, samples = kinds[kind]
+            took, headers = await client.post(base, data, session)
             if kind == "through":
-                took, headers = await client.post(client.proxy, body, session)
                 expect(headers, "replayed")
-            else:
-                took, _ = await client.post(client.fake, forwarded if kind == "view" else body)
-            if i >= 3:
-                {"through": f.through, "view": f.direct_view, "whole": f.direct_whole}[kind].append(
-                    took
-                )
+            if i >= WARM_UP:
+                samples.append(took)
                 if kind == "through":
                     f.overhead_ms.append(float(headers["x-compaction-overhead-ms"]))
 
@@ -289,7 +282,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds per summary")
-    parser.add_argument("--runs", type=int, default=60, help="replayed turns each way")
+    parser.add_argument("--runs", type=int, default=100, help="replayed turns each way")
     parser.add_argument("--sessions", type=int, default=5, help="compaction turns each way")
     parser.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -298,7 +291,7 @@ def main() -> None:
         return
     prefix = "cpbench-" + secrets.token_hex(6)
     admin = secrets.token_hex(16)
-    print(machine())
+    print(conditions())
     try:
         with (
             fake_upstream(args.delay) as fake,
