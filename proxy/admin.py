@@ -53,6 +53,9 @@ class Admin:
             except StoreUnavailable:
                 error = StoreUnavailableError("the session store is unavailable")
                 return Response(error.body(), 503, media_type="application/json")
+            except ValueError:  # a corrupt record: the next request of the session replaces it
+                corrupt = ProxyError("the session's stored state is corrupt; reset the session")
+                return Response(corrupt.body(), 500, media_type="application/json")
 
         return endpoint
 

@@ -63,7 +63,7 @@ class Proxy:
         self.tenants.tenant(request.headers)
         upstream = self.config.upstreams[self.config.default_upstream]
         body = await read_body(request, self.config.listen.max_body_bytes)
-        path = request.scope["path"].removeprefix("/v1")
+        path = _relative_path(request)
         headers = relayable(request.headers.items(), self._drop)
         response = await self.client.open(
             upstream, request.method, path, query_string(request), headers, body or None
@@ -95,6 +95,15 @@ class Proxy:
 
     async def not_found(self, request: Request) -> ASGIApp:
         raise NotFound(f"Invalid URL ({request.method} {request.url.path})")
+
+
+def _relative_path(request: Request) -> str:
+    """The request's path below /v1, still percent-encoded as the client sent it, so that it
+    stays below the upstream's base URL: dot segments (encoded or not) are refused."""
+    if any(segment in (".", "..") for segment in request.scope["path"].split("/")):
+        raise NotFound(f"Invalid URL ({request.method} {request.scope['path']})")
+    raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    return raw.decode("latin-1").partition("?")[0].removeprefix("/v1")
 
 
 def guarded(handler: Handler, metrics: Metrics) -> Callable[[Request], Awaitable[ASGIApp]]:

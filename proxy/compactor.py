@@ -273,8 +273,15 @@ class Compactor:
                 instructions=instructions or None,
                 target_tokens=target,
             )
-            if not result.fits and turn.limits.counter.mode == "exact":
-                raise ContextLengthExceeded(_overflow_message(turn, result), param="messages")
+            if not result.fits:
+                if turn.limits.counter.mode == "exact":
+                    raise ContextLengthExceeded(_overflow_message(turn, result), param="messages")
+                # An estimate (an unknown model, a guessed window) says nothing fits: forward
+                # the request as it is and let the upstream judge. Nothing is stored: a plan
+                # made from a wrong guess would strip every later turn of the session.
+                return Forward(
+                    chat.raw, chat.key, "none", turn.loaded.store, tokens_before, tokens_before
+                )
             if result.plan != turn.plan or instructions is not None:
                 await self._save(turn, result, fence)
         finally:
@@ -298,12 +305,14 @@ class Compactor:
         upstream = self.config.upstreams[settings.upstream] if settings.upstream else chat.upstream
         model = settings.model or chat.model
         limits = self.limits(model)
+        # The caller's credential only ever goes where the caller's request goes.
+        credential = chat.credential if upstream is chat.upstream else None
         llm = LLMSummarizer(
             self.client,
             upstream,
             model,
             settings,
-            credential=chat.credential,
+            credential=credential,
             counter=limits.counter,
             window=limits.window,
             metrics=self.metrics,

@@ -47,17 +47,21 @@ class Relay:
         watch = asyncio.ensure_future(until_disconnect(receive))
         done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
         outcome = "client_disconnected"
-        if pump in done:
-            watch.cancel()
-            outcome = pump.result()
-        else:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await pump
-        aclose = getattr(self.chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        self.on_end(bytes(tail), outcome)
+        try:
+            if pump in done:
+                watch.cancel()
+                outcome = "upstream_broken"  # unless the pump says otherwise
+                outcome = pump.result()
+            else:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await pump
+        finally:
+            # Whatever happened, the upstream response is closed and accounted for.
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            self.on_end(bytes(tail), outcome)
 
     async def _pump(self, send: Send, tail: bytearray) -> str:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})

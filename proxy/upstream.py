@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
+from yarl import URL
 
 from .config import Upstream
 from .errors import UpstreamTimeout, UpstreamUnreachable
@@ -93,7 +94,7 @@ class UpstreamClient:
             async with asyncio.timeout(timeouts.first_byte):
                 return await self.session.request(
                     method,
-                    url,
+                    URL(url, encoded=True),  # the path as the client encoded it, not re-quoted
                     data=body,
                     headers=headers,
                     allow_redirects=False,

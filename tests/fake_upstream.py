@@ -103,7 +103,7 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class RecordedRequest:
     method: str
-    path: str
+    path: str  # as sent, percent-encoded
     query: str
     headers: Mapping[str, str]  # case-insensitive
     body: bytes
@@ -488,6 +488,11 @@ def parse_behavior(raw: str) -> dict[str, str]:
     return behaviors
 
 
+def _raw_path(request: web.BaseRequest) -> str:
+    """The path as the client encoded it (what a proxy must not rewrite)."""
+    return request.raw_path.partition("?")[0]
+
+
 def _abort(request: web.BaseRequest) -> None:
     """Drop the connection with a TCP reset, as a failing network does."""
     if request.transport is not None:
@@ -635,7 +640,7 @@ class FakeUpstream:
             headers, query = request.headers, request.query_string
             with self._changed:
                 self._requests.append(
-                    RecordedRequest(request.method, request.path, query, headers, raw, data)
+                    RecordedRequest(request.method, _raw_path(request), query, headers, raw, data)
                 )
                 self._changed.notify_all()
         try:

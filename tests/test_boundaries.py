@@ -1,0 +1,87 @@
+"""What must never cross a boundary: a guessed budget into the session's stored plan, a client
+path out of the upstream's base URL, a client's credential to an upstream it did not call."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.conftest import ConfigFactory, config_for, merged
+from tests.fake_upstream import SUMMARY_HEADER, FakeUpstream
+from tests.servers import proxy_server
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(turns: int, size: int = 60) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "You are terse."}]
+    for turn in range(turns):
+        messages += [
+            {"role": "user", "content": f"My name is Bob, turn {turn}. " + "word " * size},
+            {"role": "assistant", "content": f"Noted {turn}."},
+        ]
+    return [*messages, {"role": "user", "content": "What is my name?"}]
+
+
+def test_a_guessed_window_that_fits_nothing_forwards_as_is_and_stores_nothing(
+    upstream: FakeUpstream, proxy_config: ConfigFactory, http: httpx.Client
+) -> None:
+    # An unknown model: counted by estimate, in the default 8192-token window, while the real
+    # upstream has far more. max_tokens alone takes the whole guessed window.
+    config = proxy_config(default_context_window=8192)
+    messages = chat(8)
+    with proxy_server(config) as server:
+        body = {"model": "llama3-local", "messages": messages, "max_tokens": 8192}
+        first = http.post(server.url + CHAT, json=body, headers={"X-Session-Id": "guess"})
+        assert first.status_code == 200
+        assert first.headers["x-compaction-action"] == "none"
+        assert upstream.requests[-1].json["messages"] == messages
+        # Nothing was stored: the next turn of the session is not stripped by that guess.
+        body = {"model": "llama3-local", "messages": messages}
+        second = http.post(server.url + CHAT, json=body, headers={"X-Session-Id": "guess"})
+        assert second.headers["x-compaction-action"] == "none"
+        assert upstream.requests[-1].json["messages"] == messages
+
+
+def test_passthrough_paths_stay_below_the_base_url(
+    upstream: FakeUpstream, server: object, http: httpx.Client
+) -> None:
+    url = server.url  # type: ignore[attr-defined]
+    for path in ("/v1/%2e%2e/internal/admin", "/v1/models/%2E%2E/%2e%2e/x", "/v1/%2e/models"):
+        response = http.send(http.build_request("GET", url + path))
+        assert response.status_code == 404, path
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    assert upstream.requests == []
+    # Encoded characters reach the upstream as the client encoded them.
+    http.send(http.build_request("GET", url + "/v1/files/a%2Fb"))
+    http.send(http.build_request("GET", url + "/v1/models%3Fx=1"))
+    paths = [(r.path, r.query) for r in upstream.requests]
+    assert paths == [("/v1/files/a%2Fb", ""), ("/v1/models%3Fx=1", "")]
+
+
+def test_the_clients_credential_never_goes_to_another_summarizer_upstream(
+    upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    with FakeUpstream(windows={"small-8k": 8192}) as other:
+        config = config_for(
+            upstream,
+            **merged(
+                {"upstreams": {"other": {"base_url": other.base_url}}},
+                {
+                    "default_upstream": "fake",
+                    "policies": {"default": {"summarizer": {"upstream": "other"}}},
+                },
+            ),
+        )
+        with proxy_server(config) as server:
+            body = {"model": "small-8k", "messages": chat(60)}
+            headers = {"Authorization": "Bearer sk-client-secret", "X-Session-Id": "cred"}
+            response = http.post(server.url + CHAT, json=body, headers=headers)
+            assert response.status_code == 200
+            assert response.headers["x-compaction-action"] in ("compacted", "degraded")
+        summaries = [r for r in other.requests if r.headers.get(SUMMARY_HEADER)]
+        assert summaries, "the summary went to the configured summarizer upstream"
+        for request in summaries:
+            assert "sk-client-secret" not in str(list(request.headers.items()))
+        assert all(
+            r.headers.get("authorization") == "Bearer sk-client-secret" for r in upstream.requests
+        )
