@@ -67,16 +67,7 @@ def default_policy() -> Policy:
 
 def budget_for(policy: Policy, window: int, max_tokens: int | None = None) -> policies.Budget:
     """The budget the proxy gives a request for MODEL at `window` (proxy/compactor.py)."""
-    return policies.make_budget(
-        window=window,
-        model_max_output=ModelCatalog().lookup(MODEL).max_output_tokens,
-        request_max_tokens=max_tokens,
-        reserved_output_tokens=policy.reserved_output_tokens,
-        safety_margin_tokens=policy.safety_margin_tokens,
-        prepare_at=policy.prepare_at,
-        compact_at=policy.compact_at,
-        target=policy.target,
-    )
+    return policy.budget(window, ModelCatalog().lookup(MODEL).max_output_tokens, max_tokens)
 
 
 def ms(samples: list[float]) -> str:

@@ -220,17 +220,7 @@ class Compactor:
     async def _turn(self, chat: Chat) -> Turn:
         limits = self.limits(chat.model)
         loaded = await self._load(chat.key)
-        policy = chat.policy
-        budget = policies.make_budget(
-            window=limits.window,
-            model_max_output=limits.max_output,
-            request_max_tokens=chat.max_output,
-            reserved_output_tokens=policy.reserved_output_tokens,
-            safety_margin_tokens=policy.safety_margin_tokens,
-            prepare_at=policy.prepare_at,
-            compact_at=policy.compact_at,
-            target=policy.target,
-        )
+        budget = chat.policy.budget(limits.window, limits.max_output, chat.max_output)
         ratio = self._calibration.get(chat.key) or loaded.state.calibration or 1.0
         budget = _in_counted_tokens(budget, ratio)
         keys = content_keys(chat.messages)

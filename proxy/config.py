@@ -105,6 +105,21 @@ class Policy:
     compaction: policies.PolicyParams = dataclasses.field(default_factory=policies.PolicyParams)
     name: str = dataclasses.field(default="", init=False)
 
+    def budget(
+        self, window: int, model_max_output: int | None, request_max_tokens: int | None
+    ) -> policies.Budget:
+        """The budget of a request under this policy, for a model with this window."""
+        return policies.make_budget(
+            window=window,
+            model_max_output=model_max_output,
+            request_max_tokens=request_max_tokens,
+            reserved_output_tokens=self.reserved_output_tokens,
+            safety_margin_tokens=self.safety_margin_tokens,
+            prepare_at=self.prepare_at,
+            compact_at=self.compact_at,
+            target=self.target,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Route:

@@ -26,7 +26,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies import Budget, Chain, make_budget
+from policies import Budget, Chain
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from proxy.config import Config
 from proxy.state import Prepared, SessionState
@@ -97,16 +97,7 @@ class Harness:
         app = self.servers[0].server.config.app
         limits = app.state.proxy.compactor.limits(model)
         policy = self.config.policies[self.config.default_policy]
-        return make_budget(
-            window=limits.window,
-            model_max_output=limits.max_output,
-            request_max_tokens=None,
-            reserved_output_tokens=policy.reserved_output_tokens,
-            safety_margin_tokens=policy.safety_margin_tokens,
-            prepare_at=policy.prepare_at,
-            compact_at=policy.compact_at,
-            target=policy.target,
-        )
+        return policy.budget(limits.window, limits.max_output, None)
 
     def state_key(self, key: str) -> str:
         return f"{self.config.store.key_prefix}:{{{key}}}:state"
