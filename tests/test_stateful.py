@@ -24,13 +24,12 @@ import openai
 import orjson
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from policies import Budget, Chain
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from proxy.config import Config
 from proxy.state import Prepared, SessionState
-from tests.conftest import config_for, merged
+from tests.conftest import config_for, merged, metric
 from tests.conversations import words
 from tests.fake_upstream import ApiError, FakeUpstream, SummaryResult, check_window
 from tests.servers import ServerThread, proxy_server
@@ -131,12 +130,8 @@ class Harness:
 
     def metric(self, name: str, **labels: str) -> float:
         """The current value of one sample of the first proxy's /metrics (0 when absent)."""
-        text = httpx.get(self.url + "/metrics").text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and sample.labels == labels:
-                    return float(sample.value)
-        return 0.0
+        with httpx.Client() as http:
+            return metric(http, self.servers[0], name, **labels)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
