@@ -26,7 +26,7 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-TRACES = Path("/work/shared/traces")
+TRACES = ROOT / "tests/data"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

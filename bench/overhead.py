@@ -5,8 +5,8 @@
 
 Prints a Markdown table: added latency (p50/p99) for a small request and for a ~100k-token
 history that is not compacted, streaming time to first byte, requests/second at concurrency 16,
-RSS after the run and cold start, beside the targets of issue 2 and the LiteLLM proxy's
-figures of DESIGN.md section 9. Every server is its own process; latency requests go to all of
+RSS after the run and cold start, beside the targets and the LiteLLM proxy's figures measured
+earlier (bench/README.md). Every server is its own process; latency requests go to all of
 them in turn, so that a change in the machine's load shows in every column alike. Takes under
 a minute.
 """

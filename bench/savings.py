@@ -13,7 +13,7 @@ are the conversations alone, then `--join` of them joined into one long session.
   (no LLM), applied statefully as the proxy does: the session's plan is replayed on every
   request and a new compaction happens only at the compact level (proxy/compactor.py).
   "proxy+anchors" adds the identifier patterns below as the policy's anchors; "proxy 85/45"
-  is the default policy with DESIGN.md's first suggested levels, compact_at 0.85 and target
+  is the default policy with the levels first proposed, compact_at 0.85 and target
   0.45 (fewer, larger compactions: more stable prefixes, less content kept).
 - langchain: `langchain_core.messages.trim_messages(strategy="last", start_on="human",
   include_system=True)`, counting with the proxy's tiktoken counter.

@@ -1,9 +1,9 @@
 """Conversations for tests: a chars/4 counter, hypothesis strategies, the recorded traces, and a
-checker of the invariants every compacted view keeps (DESIGN.md section 4).
+checker of the invariants every compacted view keeps (docs/compaction.md, "Invariants").
 
 Reusable by any test: `conversations()` draws valid OpenAI chat histories (tools, parallel
 calls, images, empty and null contents, system messages in the middle, unknown fields);
-`load_traces()` reads ../shared/traces; `view_problems(messages, view)` says what a view
+`load_traces()` reads tests/data; `view_problems(messages, view)` says what a view
 breaks.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,7 +31,7 @@ from policies import (
 )
 from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING
 
-TRACES = Path(os.environ.get("TRACES_DIR", Path(__file__).resolve().parents[2] / "shared/traces"))
+TRACES = Path(__file__).resolve().parent / "data"
 ANCHOR = r"ORDER-\d{4}"
 TRUNCATED = "\n[TRUNCATED original~"
 CLEARED = ClearToolResultsParams().placeholder
@@ -205,9 +204,9 @@ def conversations(draw: st.DrawFn, max_rounds: int = 8) -> list[Message]:
 
 
 def load_traces() -> list[tuple[str, list[Message]]]:
-    """(id, messages) of every conversation in the traces directory."""
+    """(id, messages) of every recorded conversation in tests/data."""
     found = []
-    for path in sorted(TRACES.glob("*.jsonl")):
+    for path in (TRACES / "swe_agent.jsonl", TRACES / "tau_airline_gpt4o.jsonl"):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             found.append((f"{path.stem}/{record['id']}", record["messages"]))

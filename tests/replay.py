@@ -259,7 +259,7 @@ def traces_replay(
     model: str, join: int, start: int = 0, stop: int | None = None
 ) -> list[list[Turn]]:
     """The sessions of the traces [start, stop) joined `join` at a time, replayed through the
-    proxy at `model`'s window (cached: the 8k replay serves the tests of issues 3 and 4)."""
+    proxy at `model`'s window (cached: the 8k replay serves the replay and long-session tests)."""
     with replay_servers() as (up, client):
         sessions = []
         for messages in joined(join, start, stop):

@@ -1,5 +1,5 @@
 """The admin API: off unless configured, token-protected; inspect, reset and compact a session,
-and find a session's key (issue 4, DESIGN.md section 7)."""
+and find a session's key (docs/compaction.md, "Memory candidates and the admin API")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from proxy.config import Auth
 from proxy.tenants import Tenants
-from tests.test_stateful import ADMIN_TOKEN, harness, prepare_ahead
+from tests.harness import ADMIN_TOKEN, harness, prepare_ahead
 
 UNKNOWN = "0" * 32
 

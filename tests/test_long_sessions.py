@@ -1,4 +1,4 @@
-"""Long sessions through the proxy (issue 4): synthetic dialogues and an agent loop, streamed
+"""Long sessions through the proxy: synthetic dialogues and an agent loop, streamed
 and not, with anchors configured; and the stability of the forwarded prefix on the recorded
 traces against LangChain's trim_messages.
 
@@ -36,7 +36,7 @@ from tests.replay import (
 )
 
 POLICY = Policy()  # the default policy's levels, fractions of the usable budget
-LANGCHAIN_STABLE_SHARE = 0.868  # issue 4: what trim_messages keeps stable on held-out traces
+LANGCHAIN_STABLE_SHARE = 0.868  # the share of turns trim_messages keeps stable on held-out traces
 ORDERS = [f"ORDER-{1000 + i}" for i in range(6)]
 
 
@@ -78,7 +78,7 @@ def agent_loop(iterations: int) -> list[Message]:
 
 
 def compaction_bound(turns: Sequence[Turn], model: str) -> float:
-    """DESIGN.md invariant 8: (growth / ((compact_at - target) x budget)) + 1."""
+    """The most compactions to expect: growth / ((compact_at - target) x budget) + 1."""
     growth = turns[-1].tokens_before - turns[0].tokens_before
     return growth / ((POLICY.compact_at - POLICY.target) * budget_limit(model)) + 1
 

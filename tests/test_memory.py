@@ -1,5 +1,5 @@
 """Memory candidates: user preferences, "remember" requests, decisions and facts found by rules
-in the messages a compaction evicts (seed 001's memory flush), kept in the session (at most 20)
+in the messages a compaction evicts, before they are lost, kept in the session (at most 20)
 and shown by the admin API."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given
 from policies import content_text
 from policies.memory import memory_candidates
 from tests.conversations import conversations
-from tests.test_stateful import harness
+from tests.harness import harness
 
 CASES = [
     ("I prefer tabs over spaces.", "preference", 0.8),

@@ -1,4 +1,4 @@
-"""Each compaction layer alone: the invariants of DESIGN.md section 4 that hold per layer, as
+"""Each compaction layer alone: the invariants of docs/compaction.md that hold per layer, as
 properties over random conversations, and examples of each layer's exact output."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""End to end (issue 3): the recorded traces replayed turn by turn through the proxy, joined
+"""End to end: the recorded traces (tests/data) replayed turn by turn through the proxy, joined
 into long sessions, with the real openai SDK in front and the strict fake upstream behind.
 
 Run with `pytest -s` to see the tokens sent and forwarded.

@@ -10,11 +10,9 @@ import asyncio
 import contextlib
 import re
 import secrets
-import socket
-import subprocess
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,6 +28,7 @@ from proxy.store import (
     open_store,
     session_key,
 )
+from tests.redis_servers import free_port, redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SECRET = "hunter2-do-not-print"
@@ -389,13 +388,6 @@ async def test_memory_store_evicts_the_least_recently_used() -> None:
 # -- Redis down ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def expect_unavailable(store: SessionStore, key: str) -> float:
     """Every operation raises StoreUnavailable; returns the slowest one's duration."""
     calls = [
@@ -469,28 +461,6 @@ async def test_a_hung_redis_slows_a_request_once_per_backoff(
     warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(warnings) == 2  # once per failure, not once per fast-failed call
     assert SECRET not in caplog.text
-
-
-@contextlib.contextmanager
-def redis_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(
-        [
-            *("redis-server", "--port", str(port), "--bind", "127.0.0.1"),
-            *("--save", "", "--appendonly", "no"),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 5
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-        yield process
-    finally:
-        process.terminate()
-        process.wait(5)
 
 
 async def test_redis_stopped_mid_run_then_back() -> None:

@@ -1,6 +1,6 @@
 """LLM summaries through the proxy, answered by the fake upstream's summarizer hook: rolling
 summaries, every way a summary can fail (each degrades to a digest and stores nothing wrong),
-retries, the cooldown, and summaries made ahead of time (issue 4, DESIGN.md section 5)."""
+retries, the cooldown, and summaries made ahead of time (docs/compaction.md, `summarize`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from proxy.summarizer import SYSTEM_PROMPT
 from tests.conversations import words
 from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
-from tests.test_stateful import MODEL, harness, header_text, prepare_ahead, said
+from tests.harness import MODEL, harness, header_text, prepare_ahead, said
 
 NO_PREPARE = {"prepare_at": 0.85}  # every summary is made on the request path
 

@@ -26,7 +26,7 @@ from proxy.tokens import TokenCounter, configure_offline_encodings, counter_for
 from tests.openai_examples import COOKBOOK
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACES = Path("/work/shared/traces")
+TRACES = ROOT / "tests/data"
 
 # OpenAI cookbook, "How to count tokens with tiktoken": 129 prompt tokens for gpt-3.5-turbo
 # and gpt-4, 124 for gpt-4o and gpt-4o-mini, as counted by the OpenAI API.
