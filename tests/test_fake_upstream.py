@@ -781,9 +781,9 @@ async def test_concurrent_requests_are_all_recorded(up: FakeUpstream) -> None:
 
 
 def test_command_line_serves_until_stopped() -> None:
-    script = Path(__file__).with_name("fake_upstream.py")
     process = subprocess.Popen(
-        [sys.executable, str(script), "--port", "0", "--window", "tiny=100"],
+        [sys.executable, "-m", "tests.fake_upstream", "--port", "0", "--window", "tiny=100"],
+        cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,
         text=True,
     )

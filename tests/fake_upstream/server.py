@@ -1,0 +1,326 @@
+"""The fake server: one aiohttp app on 127.0.0.1 serving both APIs from a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import inspect
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import orjson
+import uvloop
+from aiohttp import web
+
+from tests.fake_upstream import chat, responses
+from tests.fake_upstream.common import (
+    BEHAVIOR_HEADER,
+    PARSE_ERROR,
+    SERVER_ERROR,
+    ApiError,
+    RecordedRequest,
+    Summarizer,
+    abort,
+    bad,
+    count_text,
+    default_summary,
+    dumps,
+    maybe_gzip,
+    missing,
+    parse_behavior,
+    raw_path,
+)
+from tests.fake_upstream.responses_input import Memory
+
+_STATUS_ERRORS: dict[int, tuple[str, str, str | None]] = {
+    401: ("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+    429: ("Rate limit reached for requests.", "requests", "rate_limit_exceeded"),
+    500: (SERVER_ERROR, "server_error", None),
+    503: ("The engine is currently overloaded, please try again later.", "server_error", None),
+}
+_NO_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header"
+    " using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the basic auth username and"
+    " password if you're accessing the API from your browser. You can obtain an API key from"
+    " https://platform.openai.com/account/api-keys."
+)
+
+
+def _embeddings(body: Any) -> dict[str, Any]:
+    """Deterministic unit-range vectors, one for each input, float or base64 as asked."""
+    if not isinstance(body, dict):
+        raise bad(PARSE_ERROR)
+    if not body.get("model"):
+        raise bad("you must provide a model parameter")
+    if "input" not in body:
+        raise missing("input")
+    given = body["input"]
+    single = not isinstance(given, list) or not given or isinstance(given[0], int)
+    items = [given] if single else given
+    size = int(body.get("dimensions") or 8)
+    data = []
+    for index, item in enumerate(items):
+        raw = hashlib.shake_128(orjson.dumps(item)).digest(2 * size)
+        vector = [v / 32768 - 1 for v in struct.unpack(f"<{size}H", raw)]  # exact in float32
+        encoded = base64.b64encode(struct.pack(f"<{size}f", *vector)).decode()
+        embedding = encoded if body.get("encoding_format") == "base64" else vector
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    tokens = sum(count_text(x, "cl100k_base") if isinstance(x, str) else len(x) for x in items)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": body["model"], "usage": usage}
+
+
+class FakeUpstream:
+    """The fake API on 127.0.0.1, served from a background thread with its own event loop."""
+
+    def __init__(
+        self,
+        *,
+        windows: Mapping[str, int] | None = None,
+        default_window: int = 128_000,
+        behavior: str = "",
+        stream_delay: float = 0.05,
+        summarizer: Summarizer = default_summary,
+        summary_delay: float = 0.0,
+        api_key: str | None = None,
+        record: bool = True,
+        port: int = 0,
+    ) -> None:
+        parse_behavior(behavior)
+        self.windows = dict(windows or {})
+        self.default_window = default_window
+        self.behavior = behavior
+        self.stream_delay = stream_delay
+        self.summarizer = summarizer
+        self.summary_delay = summary_delay
+        self.api_key = api_key  # None: any credential is accepted
+        self.record = record  # off for benchmarks, whose bodies would pile up
+        self.port = port
+        self.memory = Memory()  # what the Responses API remembers between requests
+        self._changed = threading.Condition(threading.RLock())
+        self._requests: list[RecordedRequest] = []
+        self._counts = {"cancelled": 0, "summary_calls": 0, "compact_calls": 0}
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.origin}/v1"
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A snapshot of the requests received, oldest first."""
+        with self._changed:
+            return list(self._requests)
+
+    @property
+    def cancelled(self) -> int:
+        """Requests whose client went away before the answer was complete."""
+        with self._changed:
+            return self._counts["cancelled"]
+
+    @property
+    def summary_calls(self) -> int:
+        with self._changed:
+            return self._counts["summary_calls"]
+
+    @property
+    def compact_calls(self) -> int:
+        """Calls of ``POST /v1/responses/compact``."""
+        with self._changed:
+            return self._counts["compact_calls"]
+
+    def reset(self) -> None:
+        """Forget the requests, zero the counters and empty the prompt cache (settings are kept,
+        and so are stored responses and the items the Responses API produced)."""
+        with self._changed:
+            self._requests.clear()
+            self._counts = dict.fromkeys(self._counts, 0)
+            self.memory.cache.clear()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Block until predicate() is true (re-checked on every request and count), or timeout.
+
+        From a coroutine on a loop that serves the proxy, call it via ``asyncio.to_thread``.
+        """
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
+
+    def window_of(self, model: str) -> int:
+        return self.windows.get(model, self.default_window)
+
+    def __enter__(self) -> FakeUpstream:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        sock = socket.create_server(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        self._closing = False
+        self._loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(sock), self._loop).result(timeout=10)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        app = web.Application(client_max_size=100 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        app.on_response_prepare.append(self._add_request_id)
+        # a client that goes away cancels its handler, which is how cancellations are seen
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=0.1, access_log=None
+        )
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None or self._runner is None:
+            return
+        self._closing = True  # handlers cancelled by the shutdown are not client cancellations
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+        self._loop = self._thread = self._runner = None
+
+    def bump(self, name: str) -> None:
+        """Add one to a counter and wake wait_for."""
+        with self._changed:
+            self._counts[name] += 1
+            self._changed.notify_all()
+
+    @staticmethod
+    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-request-id"] = "req_" + os.urandom(12).hex()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        if self.record:
+            headers, query = request.headers, request.query_string
+            with self._changed:
+                self._requests.append(
+                    RecordedRequest(request.method, raw_path(request), query, headers, raw, data)
+                )
+                self._changed.notify_all()
+        try:
+            behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
+        except ValueError as exc:
+            return web.json_response(bad(str(exc)).body, status=400)
+        try:
+            response = await self._respond(request, raw, data, behaviors)
+        except ApiError as exc:
+            response = web.json_response(exc.body, status=exc.status, dumps=dumps)
+        except asyncio.CancelledError:
+            if not self._closing:
+                self.bump("cancelled")
+            raise
+        if not response.prepared:
+            maybe_gzip(request, response, "gzip" in behaviors)
+        return response
+
+    def _check_auth(self, request: web.Request) -> None:
+        if self.api_key is None or not request.path.startswith("/v1/"):
+            return
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not given:
+            raise ApiError(401, _NO_KEY)
+        if given != self.api_key:
+            masked = given[:3] + "*" * max(len(given) - 7, 0) + given[-4:]
+            where = "You can find your API key at https://platform.openai.com/account/api-keys."
+            message = f"Incorrect API key provided: {masked}. {where}"
+            raise ApiError(401, message, code="invalid_api_key")
+
+    async def _respond(
+        self, request: web.Request, raw: bytes, data: Any, behaviors: dict[str, str]
+    ) -> web.StreamResponse:
+        method, path = request.method, request.path
+        if path == "/elsewhere":  # where "redirect" points: a proxy that follows lands here
+            return web.json_response({"followed": "redirect"})
+        self._check_auth(request)
+        if "hang" in behaviors:
+            await asyncio.Event().wait()
+        if "redirect" in behaviors:
+            return web.Response(status=302, headers={"Location": f"{self.origin}/elsewhere"})
+        if "status" in behaviors:
+            status = int(behaviors["status"])
+            kind = "server_error" if status >= 500 else "invalid_request_error"
+            message, kind, code = _STATUS_ERRORS.get(status, (f"Fake error {status}.", kind, None))
+            raise ApiError(status, message, code=code, kind=kind)
+        if (method, path) == ("POST", "/v1/chat/completions"):
+            return await chat.handle(self, request, raw, data, behaviors)
+        if (method, path) == ("POST", "/v1/responses"):
+            return await responses.handle(self, request, raw, data, behaviors)
+        if (method, path) == ("POST", "/v1/responses/compact"):
+            return await responses.compact(self, request, data, behaviors)
+        if (method, path) == ("POST", "/v1/embeddings"):
+            return web.json_response(_embeddings(data), dumps=dumps)
+        if (method, path) == ("GET", "/v1/models"):
+            models = [
+                {"id": m, "object": "model", "created": 1700000000, "owned_by": "system"}
+                for m in self.windows
+            ]
+            return web.json_response({"object": "list", "data": models})
+        raise ApiError(404, f"Invalid URL ({method} {path})")
+
+    async def summarize(self, body: dict[str, Any]) -> str:
+        """Count a summary call, wait summary_delay, ask the summarizer hook; 500 on a failure."""
+        self.bump("summary_calls")
+        await asyncio.sleep(self.summary_delay)
+        try:
+            result = self.summarizer(body)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            result = exc
+        if isinstance(result, Exception):
+            raise ApiError(500, SERVER_ERROR, kind="server_error")
+        return result or ""
+
+    async def stream(
+        self, request: web.Request, events: list[bytes], behaviors: dict[str, str], kind: str
+    ) -> web.StreamResponse:
+        """Send events one by one, slowly or cut short when asked; a single event is cut in two."""
+        response = web.StreamResponse(headers={"Content-Type": kind})
+        if len(events) == 1:
+            response.content_length = len(events[0])
+            events = [events[0][: len(events[0]) // 2], events[0][len(events[0]) // 2 :]]
+        maybe_gzip(request, response, "gzip" in behaviors)
+        await response.prepare(request)
+        slow = behaviors.get("slow-stream")
+        delay = 0.0 if slow is None else float(slow or self.stream_delay)
+        cut = behaviors.get("reset-mid-stream")
+        cut_at = -1 if cut is None else min(int(cut or 2), len(events) - 1)
+        try:
+            for index, event in enumerate(events):
+                if index == cut_at:
+                    await asyncio.sleep(0.05)  # let the client read what was sent before the reset
+                    abort(request)
+                    return response
+                if index and delay:
+                    await asyncio.sleep(delay)
+                await response.write(event)
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away between two events
+            self.bump("cancelled")
+        return response
