@@ -103,9 +103,9 @@ def serve(args: Sequence[str], name: str, port: int, ready_path: str) -> Iterato
 
 @contextlib.contextmanager
 def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
-    """tests/fake_upstream.py serving on a free port, recording nothing."""
+    """The test suite's fake upstream (tests/fake_upstream) on a free port, recording nothing."""
     port = free_port()
-    args = [sys.executable, "tests/fake_upstream.py", "--port", str(port)]
+    args = [sys.executable, "-m", "tests.fake_upstream", "--port", str(port)]
     args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
     with serve(args, "fake", port, "/v1/models") as server:
         yield server

@@ -31,14 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import free_port, long_history, machine, percentile
 
 import policies
-from proxy.compactor import Chat, Compactor
+from proxy.app import Proxy
 from proxy.config import Config, Policy, load, loads
+from proxy.dialects.chat import Chat
 from proxy.memo import content_keys
 from proxy.metrics import Metrics
 from proxy.models import ModelCatalog
 from proxy.state import SessionState
 from proxy.store import MemoryStore
 from proxy.tokens import TokenCounter, counter_for
+from proxy.turn import ClientRequest
 from proxy.upstream import UpstreamClient
 
 MODEL = "gpt-4o"
@@ -67,7 +69,8 @@ def default_policy() -> Policy:
 
 def budget_for(policy: Policy, window: int, max_tokens: int | None = None) -> policies.Budget:
     """The budget the proxy gives a request for MODEL at `window` (proxy/compactor.py)."""
-    return policy.budget(window, ModelCatalog().lookup(MODEL).max_output_tokens, max_tokens)
+    max_output = ModelCatalog().lookup(MODEL).max_output_tokens
+    return policy.compaction.budget(window, max_output, max_tokens)
 
 
 def ms(samples: list[float]) -> str:
@@ -100,7 +103,7 @@ async def bench_compaction(runs: int) -> list[str]:
             messages,
             policies.Plan(),
             budget=budget,
-            params=policy.compaction,
+            policy=policy.compaction,
             counter=counter,
             fixed_tokens=counter.fixed({}),
         )
@@ -146,19 +149,17 @@ models:
     )
 
 
-def chat_of(config: Config, model: str, messages: list[dict[str, Any]]) -> Chat:
-    body = {"model": model, "messages": messages}
-    policy, upstream = config.route(model, None)
-    return Chat(
+def chat_of(config: Config, model: str, messages: list[dict[str, Any]]) -> ClientRequest:
+    dialect = Chat()
+    policy, upstream = config.route(dialect.name, model, None)
+    return ClientRequest(
+        dialect=dialect,
+        parsed=dialect.parse(orjson.dumps({"model": model, "messages": messages})),
         tenant="bench",
         session=model,
-        model=model,
-        body=body,
-        raw=orjson.dumps(body),
         policy=policy,
         upstream=upstream,
-        max_output=None,
-        credential=None,
+        credentials=(),
     )
 
 
@@ -167,13 +168,14 @@ async def bench_request(runs: int) -> list[str]:
     store = MemoryStore(ttl_seconds=3600)
     config = proxy_config()
     client = UpstreamClient()
-    compactor = Compactor(config, store, client, Metrics())
+    proxy = Proxy(config, store, client, Metrics())
+    compactor = proxy.compactor
     keys = content_keys(messages)
-    counter = compactor.limits(MODEL).counter
+    counter = proxy.limits.limits(MODEL).counter
     plain = chat_of(config, LARGE_MODEL, messages)  # under every level: forwarded as it is
     replay = chat_of(config, MODEL, messages)  # over MODEL's compact level: its plan applies
 
-    async def prepare(chat: Chat, *actions: str) -> None:
+    async def prepare(chat: ClientRequest, *actions: str) -> None:
         forward = await compactor.prepare(chat)
         if forward.action not in actions:
             raise RuntimeError(f"expected {actions}, the proxy did {forward.action}")
@@ -195,7 +197,7 @@ async def bench_request(runs: int) -> list[str]:
         f"{'content keys (one dumps+hash each)':34} "
         f"{ms(await timed(lambda: content_keys(messages), runs))}",
         f"{'chain (memoised digests)':34} "
-        f"{ms(await timed(lambda: compactor.digests.chain(messages, keys), runs))}",
+        f"{ms(await timed(lambda: compactor.digests(messages, keys), runs))}",
         f"{'counts (cached)':34} {ms(await timed(lambda: counter.counts(messages, keys), runs))}",
         f"{'store get + parse':34} {ms(await timed(get, runs))}",
         f"{'Compactor.prepare, action none':34} "
@@ -203,7 +205,7 @@ async def bench_request(runs: int) -> list[str]:
         f"{'Compactor.prepare, action replayed':34} "
         f"{ms(await timed(lambda: prepare(replay, 'replayed'), runs))}",
     ]
-    await compactor.close()
+    await proxy.prepared.close()
     await client.close()
     return lines
 

@@ -6,7 +6,7 @@
 Each session is replayed as a client does it: one request per assistant message, holding the
 history up to it, with max_tokens = a quarter of the window. Every method gets the same prompt
 budget (window - max_tokens - the proxy's safety margin); every result is checked as the
-strict fake upstream checks it (tests/fake_upstream.py: tool pairing and the window). Sessions
+strict fake upstream checks it (tests/fake_upstream: tool pairing and the window). Sessions
 are the conversations alone, then `--join` of them joined into one long session.
 
 - proxy: `policies.compact` with the default policy of config.yaml and the mechanical digest
@@ -116,7 +116,7 @@ class Proxy:
             messages,
             plan,
             budget=self.budget,
-            params=self.policy.compaction,
+            policy=self.policy.compaction,
             counter=self.counter,
             fixed_tokens=REPLY_PRIMING,
         )
@@ -406,7 +406,12 @@ async def main() -> None:
     anchored = dataclasses.replace(
         policy, compaction=dataclasses.replace(policy.compaction, anchors=IDENTIFIERS)
     )
-    fuller = dataclasses.replace(policy, compact_at=0.85, target=0.45, prepare_at=0.6)
+    fuller = dataclasses.replace(
+        policy,
+        compaction=dataclasses.replace(
+            policy.compaction, compact_at=0.85, target=0.45, prepare_at=0.6
+        ),
+    )
     methods: list[Method] = [
         Proxy("proxy", policy, budget, counter),
         Proxy("proxy+anchors", anchored, budget, counter),

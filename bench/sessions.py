@@ -64,7 +64,7 @@ WARM_UP = 3  # request rounds before the samples: connections and caches warm
 @contextlib.contextmanager
 def fake_upstream(delay: float) -> Iterator[Server]:
     """This script's `--serve-fake` mode in its own process: the fake whose summaries take
-    `delay` seconds (tests/fake_upstream.py's command line has no summary delay)."""
+    `delay` seconds (the fake upstream's command line has no summary delay)."""
     port = free_port()
     args = [sys.executable, __file__, "--serve-fake", str(port), "--delay", str(delay)]
     with serve(args, "fake", port, "/v1/models") as server:

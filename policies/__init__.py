@@ -1,10 +1,11 @@
 """The compaction engine: pure functions over OpenAI chat messages, no I/O.
 
-`compact` runs a policy's layers over a conversation and returns a `Plan`, a storable rewrite
-of the conversation that `render` applies to later requests of the same branch.
+A `Policy` says when to compact (its `budget` for a request, whose `status` decides) and how;
+`compact` runs its layers over a conversation and returns a `Plan`, a storable rewrite of the
+conversation that `render` (or `render_entries`) applies to later requests of the same branch.
 """
 
-from policies.budget import Budget, Status, make_budget
+from policies.budget import Budget, Status
 from policies.chain import Chain, canonical, message_digest
 from policies.context import Context
 from policies.conversation import (
@@ -25,8 +26,9 @@ from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import TrimHeadParams
 from policies.layers.truncate_tool_fields import TruncateToolFieldsParams
 from policies.message import Message, content_text
-from policies.pipeline import Compaction, PolicyParams, compact, make_context
-from policies.plan import Plan, header_message, render
+from policies.pipeline import Compaction, compact, make_context, run_layer
+from policies.plan import Plan, header_message, render, render_entries
+from policies.policy import Policy
 from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest
 
 __all__ = [
@@ -44,7 +46,7 @@ __all__ = [
     "LayerSpec",
     "Message",
     "Plan",
-    "PolicyParams",
+    "Policy",
     "Status",
     "SummarizeParams",
     "Summarizer",
@@ -62,12 +64,13 @@ __all__ = [
     "header_message",
     "image_tokens",
     "is_system",
-    "make_budget",
     "make_context",
     "media_tokens",
     "message_digest",
     "render",
+    "render_entries",
     "rounds",
+    "run_layer",
     "tool_blocks",
     "tool_pair_problems",
 ]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from policies.counting import Counter
-from policies.message import Message, visible_text
-from policies.plan import ANCHOR_HEADING, Plan, render
+from policies.plan import ANCHOR_HEADING
 
-if TYPE_CHECKING:
-    from policies.context import Context
+
+@functools.lru_cache(maxsize=256)
+def anchor_pattern(pattern: str) -> re.Pattern[str]:
+    """The compiled anchor pattern; ValueError when it is not a regular expression."""
+    try:
+        return re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"anchor {pattern!r} is not a valid regular expression: {error}") from None
 
 
 def find_anchors(patterns: Sequence[re.Pattern[str]], text: str) -> tuple[str, ...]:
@@ -23,19 +28,6 @@ def find_anchors(patterns: Sequence[re.Pattern[str]], text: str) -> tuple[str, .
         if match.group(0)
     )
     return tuple(dict.fromkeys(anchor for _, anchor in found))
-
-
-def lost_anchors(messages: Sequence[Message], plan: Plan, ctx: Context) -> list[str]:
-    """Anchors of the messages `plan` evicts or edits that its view does not show."""
-    if not ctx.anchors:
-        return []
-    end = len(ctx.chain)
-    changed = [*range(min(plan.cut, end)), *sorted(p for p in plan.edits if plan.cut <= p < end)]
-    needed = dict.fromkeys(anchor for p in changed for anchor in ctx.anchor_matches(p))
-    if not needed:
-        return []
-    view = "\n".join(visible_text(m) for m in render(messages, plan, summary_role=ctx.summary_role))
-    return [anchor for anchor in needed if anchor not in view]
 
 
 def anchor_block(anchors: Sequence[str], max_tokens: int, counter: Counter) -> str | None:

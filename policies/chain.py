@@ -38,6 +38,15 @@ def message_digest(message: Mapping[str, Any]) -> bytes:
     return hashlib.blake2b(canonical(message), digest_size=DIGEST_SIZE).digest()
 
 
+def message_digests(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """The digest of each message."""
+    return [message_digest(m) for m in messages]
+
+
+Digests = Callable[[Sequence[Mapping[str, Any]]], Sequence[bytes]]
+"""A function giving the digest of each of a list of messages, as `message_digests`."""
+
+
 class Chain:
     """The non-system messages of a conversation, each by its digest.
 
@@ -48,13 +57,11 @@ class Chain:
         self.digests = digests
 
     @classmethod
-    def of(
-        cls,
-        messages: Sequence[Mapping[str, Any]],
-        digest: Callable[[Mapping[str, Any]], bytes] = message_digest,
-    ) -> Chain:
-        """The chain of the non-system `messages`."""
-        return cls([digest(m) for m in messages if not is_system(m)])
+    def of(cls, messages: Sequence[Mapping[str, Any]], digests: Digests = message_digests) -> Chain:
+        """The chain of the non-system `messages`; `digests` gives each message's digest
+        (the proxy passes one that memoises them)."""
+        found = digests(messages)
+        return cls([d for m, d in zip(messages, found, strict=True) if not is_system(m)])
 
     def __len__(self) -> int:
         return len(self.digests)

@@ -1,4 +1,9 @@
-"""Token counting: the injected counter, and estimates for image, audio and file parts."""
+"""Token counting: the `Counter` protocol the engine counts with, and estimates for image,
+audio and file parts (what needs no tokenizer).
+
+The proxy's implementation, with tiktoken and OpenAI's per-message formula, is
+`proxy/tokens.py`; the engine never imports a tokenizer.
+"""
 
 from __future__ import annotations
 

@@ -1,20 +1,24 @@
-"""A plan being changed by one layer, with the token count of its view kept up to date."""
+"""A plan being changed by one layer, with the token count of its view kept up to date.
+
+The pipeline makes a Draft for each layer it runs and turns it into the layer's new plan and
+Decision; the layer only changes it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from policies.anchors import anchor_block, lost_anchors
+from policies.anchors import anchor_block
 from policies.context import Context
 from policies.decision import Decision
 from policies.message import Message, visible_text
-from policies.plan import ANCHOR_HEADING, Plan, header_message
+from policies.plan import ANCHOR_HEADING, Plan, header_message, render
 from policies.summary import Summary
 
 
 class Draft:
-    """Layers change a Draft and turn it into a new Plan and a Decision.
+    """What a layer changes; `outcome` is the new Plan and the Decision.
 
     Changes only move forward: the cut grows, edits are added or replaced by stronger ones.
     `tokens` is exact for the view except for anchors lost since the last `finish`, which
@@ -109,13 +113,13 @@ class Draft:
         self.anchor_cap = min(self.anchor_cap, tokens)
         self._touched = True
 
-    def outcome(self, layer: str, detail: str = "") -> tuple[Plan, list[Decision]]:
-        """The new plan and the decision, or the given plan unchanged when nothing changed."""
+    def outcome(self, layer: str, detail: str = "") -> tuple[Plan, Decision | None]:
+        """The new plan and the decision, or the given plan and None when nothing changed."""
         if not self.changed and not self._touched:
-            return self.plan, []
+            return self.plan, None
         plan = self.finish()
         positions = tuple(sorted(set(self.changed)))
-        return plan, [Decision(layer, positions, self.tokens_before, self.tokens, detail)]
+        return plan, Decision(layer, positions, self.tokens_before, self.tokens, detail)
 
     def header_cost(self, summary: Summary | None) -> int:
         """Tokens of the header message with `summary` and the current anchor block."""
@@ -130,3 +134,16 @@ class Draft:
                 continue
             self._lost[anchor] = None
             self._lost_tokens += self.ctx.counter.text(anchor) + 1
+
+
+def lost_anchors(messages: Sequence[Message], plan: Plan, ctx: Context) -> list[str]:
+    """Anchors of the messages `plan` evicts or edits that its view does not show."""
+    if not ctx.anchors:
+        return []
+    end = len(ctx.chain)
+    changed = [*range(min(plan.cut, end)), *sorted(p for p in plan.edits if plan.cut <= p < end)]
+    needed = dict.fromkeys(anchor for p in changed for anchor in ctx.anchor_matches(p))
+    if not needed:
+        return []
+    view = "\n".join(visible_text(m) for m in render(messages, plan, summary_role=ctx.summary_role))
+    return [anchor for anchor in needed if anchor not in view]

@@ -1,5 +1,5 @@
 """Memory candidates: user preferences, "remember" requests, decisions and facts found by rules
-in messages that are being evicted (seed 001's memory flush).
+in messages that are being evicted (a memory flush, by rules).
 
 Rules, not a model: cheap, deterministic, and each with a confidence that says how sure the
 rule is. They are candidates for a human or an agent to review (the admin API shows them).

@@ -2,57 +2,21 @@
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.anchors import lost_anchors
+from policies.anchors import anchor_pattern
 from policies.budget import Budget
 from policies.context import Context, protected_start
 from policies.conversation import current_turn, current_turn_start, is_system, tool_blocks
 from policies.counting import Counter
 from policies.decision import Decision
-from policies.draft import Draft
-from policies.layers import DEFAULT_LAYERS, LAYERS, LayerSpec
+from policies.draft import Draft, lost_anchors
+from policies.layers import LAYERS, LayerSpec
 from policies.message import Message, call_name, tool_calls
 from policies.plan import Plan, render
+from policies.policy import Policy
 from policies.summary import Summarizer
-
-SUMMARY_ROLES = ("user", "system", "developer", "assistant")
-
-
-@dataclass(frozen=True)
-class PolicyParams:
-    """A compaction policy: protection, anchors, summary placement and the layers to run."""
-
-    protect_recent_rounds: int = 12
-    protect_min_tokens: int = 10_000
-    protect_min_text_messages: int = 5
-    protect_max_tokens: int = 40_000
-    anchors: tuple[str, ...] = ()
-    anchor_block_max_tokens: int = 1000
-    summary_role: str = "user"
-    layers: tuple[LayerSpec, ...] = DEFAULT_LAYERS
-
-    def __post_init__(self) -> None:
-        counts = (
-            self.protect_recent_rounds,
-            self.protect_min_tokens,
-            self.protect_min_text_messages,
-            self.protect_max_tokens,
-            self.anchor_block_max_tokens,
-        )
-        if min(counts) < 0:
-            raise ValueError("protection sizes and the anchor block cap must not be negative")
-        if self.summary_role not in SUMMARY_ROLES:
-            raise ValueError(f"summary_role must be one of {SUMMARY_ROLES}")
-        for name, params in self.layers:
-            layer = LAYERS.get(name)
-            if layer is None or not isinstance(params, layer.params):
-                raise ValueError(f"layer {name!r} with {type(params).__name__} is not a layer")
-        for pattern in self.anchors:
-            _compiled(pattern)  # raises ValueError early, at configuration time
 
 
 @dataclass(frozen=True)
@@ -80,7 +44,7 @@ async def compact(
     plan: Plan,
     *,
     budget: Budget,
-    params: PolicyParams,
+    policy: Policy,
     counter: Counter,
     fixed_tokens: int = 0,
     summarizer: Summarizer | None = None,
@@ -94,7 +58,7 @@ async def compact(
     """
     ctx = make_context(
         messages,
-        params,
+        policy,
         counter=counter,
         budget=budget,
         fixed_tokens=fixed_tokens,
@@ -105,16 +69,16 @@ async def compact(
     )
     tokens_before = tokens = Draft(messages, plan, ctx).tokens
     decisions: list[Decision] = []
-    for name, layer_params in params.layers:
+    for spec in policy.layers:
         if tokens <= ctx.target_tokens:
             break
-        outcome = LAYERS[name].run(messages, plan, ctx, layer_params)
-        plan, made = outcome if isinstance(outcome, tuple) else await outcome
-        decisions += made
-        tokens = made[-1].tokens_after if made else tokens
+        plan, decision = await run_layer(spec, messages, plan, ctx)
+        if decision is not None:
+            decisions.append(decision)
+            tokens = decision.tokens_after
     return Compaction(
         plan=plan,
-        view=render(messages, plan, summary_role=params.summary_role),
+        view=render(messages, plan, summary_role=policy.summary_role),
         decisions=tuple(decisions),
         tokens_before=tokens_before,
         tokens_after=tokens,
@@ -125,9 +89,19 @@ async def compact(
     )
 
 
+async def run_layer(
+    spec: LayerSpec, messages: Sequence[Message], plan: Plan, ctx: Context
+) -> tuple[Plan, Decision | None]:
+    """One layer over `plan`: the new plan and what the layer did, or `plan` itself and None
+    when it changed nothing."""
+    draft = Draft(messages, plan, ctx)
+    detail = await LAYERS[spec.name].run(draft, spec.params)
+    return draft.outcome(spec.name, detail)
+
+
 def make_context(
     messages: Sequence[Message],
-    params: PolicyParams,
+    policy: Policy,
     *,
     counter: Counter,
     budget: Budget,
@@ -137,7 +111,7 @@ def make_context(
     instructions: str | None = None,
     message_tokens: Sequence[int] | None = None,
 ) -> Context:
-    """The context the layers of `params` work in for this request.
+    """The context the layers of `policy` work in for this request.
 
     `message_tokens`, each message's count, spares counting again what the caller counted.
     """
@@ -164,26 +138,18 @@ def make_context(
             chain,
             chain_tokens,
             turn_start=turn_start,
-            rounds=params.protect_recent_rounds,
-            min_tokens=params.protect_min_tokens,
-            min_text_messages=params.protect_min_text_messages,
-            max_tokens=params.protect_max_tokens,
+            rounds=policy.protect_recent_rounds,
+            min_tokens=policy.protect_min_tokens,
+            min_text_messages=policy.protect_min_text_messages,
+            max_tokens=policy.protect_max_tokens,
             cap=target // 2,
         ),
         blocks=tuple(tool_blocks(chain)),
         tool_names={str(call.get("id")): call_name(call) for m in chain for call in tool_calls(m)},
-        summary_role=params.summary_role,
-        anchors=tuple(_compiled(pattern) for pattern in params.anchors),
+        summary_role=policy.summary_role,
+        anchors=tuple(anchor_pattern(pattern) for pattern in policy.anchors),
         # At small windows the anchors must leave room for the rest: at most a fifth of target.
-        anchor_block_max_tokens=min(params.anchor_block_max_tokens, target // 5),
+        anchor_block_max_tokens=min(policy.anchor_block_max_tokens, target // 5),
         summarizer=summarizer,
         instructions=instructions,
     )
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as error:
-        raise ValueError(f"anchor pattern {pattern!r}: {error}") from error

@@ -86,30 +86,40 @@ def header_message(
     return {"role": role, "content": "\n\n".join(sections)} if sections else None
 
 
-def render(messages: Sequence[Message], plan: Plan, *, summary_role: str = "user") -> list[Message]:
-    """The view that is forwarded: `messages` rewritten by `plan`.
+def render_entries(
+    messages: Sequence[Message], plan: Plan, *, summary_role: str = "user"
+) -> list[tuple[int | None, Message]]:
+    """The view `render` makes, each message with where it comes from: the index in
+    `messages` of the message it shows (that message itself, or the plan's edit of it), or
+    None for the header message. Wire formats map the view back to their own items by it.
 
     System messages stay verbatim and in order; those inside the evicted prefix move before
     the header message, which stands where the kept part of the chain begins.
     """
     header = header_message(plan.summary, plan.anchor_block, summary_role)
+    entries: list[tuple[int | None, Message]] = []
     if header is None and plan.cut == 0 and not plan.edits:
-        return list(messages)
-    view: list[Message] = []
+        entries.extend(enumerate(messages))
+        return entries
     position = 0
-    for message in messages:
+    for index, message in enumerate(messages):
         if is_system(message):
-            view.append(message)
+            entries.append((index, message))
             continue
         position += 1
         if position <= plan.cut:
             continue
         if header is not None:
-            view.append(header)
+            entries.append((None, header))
             header = None
         edit = plan.edits.get(position - 1, message)
         if edit is not None:
-            view.append(edit)
+            entries.append((index, edit))
     if header is not None:
-        view.append(header)
-    return view
+        entries.append((None, header))
+    return entries
+
+
+def render(messages: Sequence[Message], plan: Plan, *, summary_role: str = "user") -> list[Message]:
+    """The view that is forwarded: `messages` rewritten by `plan` (see `render_entries`)."""
+    return [message for _, message in render_entries(messages, plan, summary_role=summary_role)]

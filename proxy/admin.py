@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .errors import InvalidRequest, NotFound, ProxyError, StoreUnavailableError, Unauthorized
-from .state import SessionState
-from .store import SessionStore, StoreUnavailable, session_key
+from .dialects.chat import openai_error_body
+from .errors import APIError, InvalidRequest, NotFound, Unauthorized
+from .sessions import Sessions, session_key
 from .tenants import bearer
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
@@ -28,9 +28,9 @@ MAX_INSTRUCTIONS = 4000
 
 
 class Admin:
-    def __init__(self, token: str, store: SessionStore) -> None:
+    def __init__(self, token: str, sessions: Sessions) -> None:
         self._token = token.encode()
-        self.store = store
+        self.sessions = sessions  # failing closed: an operator wants to see a failure
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -48,14 +48,9 @@ class Admin:
                     raise Unauthorized("invalid admin token")
                 response: Response = await handler(request)
                 return response
-            except ProxyError as exc:
-                return Response(exc.body(), exc.status_code, media_type="application/json")
-            except StoreUnavailable:
-                error = StoreUnavailableError("the session store is unavailable")
-                return Response(error.body(), 503, media_type="application/json")
-            except ValueError:  # a corrupt record: the next request of the session replaces it
-                corrupt = ProxyError("the session's stored state is corrupt; reset the session")
-                return Response(corrupt.body(), 500, media_type="application/json")
+            except APIError as exc:
+                body = openai_error_body(exc)
+                return Response(body, exc.status_code, media_type="application/json")
 
         return endpoint
 
@@ -68,16 +63,15 @@ class Admin:
 
     async def inspect(self, request: Request) -> Response:
         key = _key(request)
-        record = await self.store.get(key)
-        if record is None:
+        loaded = await self.sessions.load(key)
+        if loaded.version == 0:
             raise NotFound("no such session")
-        state = SessionState.from_bytes(record.data)
-        body = {"key": key, "version": record.version, **state.to_dict()}
+        body = {"key": key, "version": loaded.version, **loaded.state.to_dict()}
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         return Response(data, media_type="application/json")
 
     async def reset(self, request: Request) -> Response:
-        await self.store.delete(_key(request))
+        await self.sessions.delete(_key(request))
         return Response(status_code=204)
 
     async def compact(self, request: Request) -> Response:
@@ -95,14 +89,11 @@ class Admin:
                     f"'instructions' must be a string of at most {MAX_INSTRUCTIONS} characters"
                 )
             instructions = value
-        for _ in range(3):
-            record = await self.store.get(key)
-            state = SessionState.from_bytes(record.data) if record else SessionState()
-            version = record.version if record else 0
-            state = dataclasses.replace(state, pending=instructions)
-            if await self.store.compare_and_set(key, version, state.to_bytes()) is not None:
-                return JSONResponse({"key": key, "status": "compaction on the next request"}, 202)
-        raise InvalidRequest("the session is changing too fast; try again")
+        if not await self.sessions.update(
+            key, lambda state: dataclasses.replace(state, pending=instructions)
+        ):
+            raise InvalidRequest("the session is changing too fast; try again")
+        return JSONResponse({"key": key, "status": "compaction on the next request"}, 202)
 
 
 def _key(request: Request) -> str:

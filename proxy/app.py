@@ -15,29 +15,40 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .admin import Admin
-from .chat import ChatHandler
+from .ahead import PreparedSummaries
+from .calibration import Calibration
 from .compactor import Compactor
 from .config import Config
-from .errors import NotFound, ProxyError, UpstreamUnreachable, error_body
+from .dialects import DIALECTS, Dialect
+from .dialects.chat import Chat
+from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
+from .handler import Handler
+from .limits import ModelLimits
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .requests import query_string, read_body
+from .sessions import Sessions
 from .store import SessionStore, open_store
 from .streaming import Relay, until_disconnect
+from .summarizer import Summarizers
 from .tenants import Tenants
 from .tokens import configure_offline_encodings
-from .upstream import StreamBroken, UpstreamClient, body_chunks, relayable
+from .upstream import UpstreamClient, body_chunks, relayable
 
 log = logging.getLogger("compaction_proxy")
 
-Handler = Callable[[Request], Awaitable[ASGIApp]]
+Endpoint = Callable[[Request], Awaitable[ASGIApp]]
+# The proxy's own errors outside any wire format's path (passthrough, 404) use OpenAI's shape.
+OPENAI = Chat()
 
 
-def error_response(exc: ProxyError) -> Response:
-    return Response(exc.body(), status_code=exc.status_code, media_type="application/json")
+def error_response(exc: APIError, dialect: Dialect = OPENAI) -> Response:
+    return Response(
+        dialect.error_body(exc), status_code=exc.status_code, media_type="application/json"
+    )
 
 
 class Proxy:
-    """The proxy's parts, and its endpoints as methods."""
+    """The proxy's parts, built once from the config, and its own endpoints as methods."""
 
     def __init__(
         self,
@@ -51,17 +62,36 @@ class Proxy:
         self.client = client
         self.metrics = metrics
         self.tenants = Tenants(config.auth)
-        self.compactor = Compactor(config, store, client, metrics)
-        self.chat = ChatHandler(config, self.tenants, client, self.compactor, metrics)
+        self.limits = ModelLimits(config)
+        self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open)
+        self.prepared = PreparedSummaries(
+            self.sessions, Summarizers(config, client, self.limits, metrics)
+        )
+        self.calibration = Calibration()
+        self.compactor = Compactor(
+            self.sessions,
+            self.limits,
+            self.prepared,
+            self.calibration,
+            max_branches=config.store.max_branches,
+        )
+        # The proxy's own headers stop here.
         drop = {config.sessions.header.lower(), config.sessions.policy_header.lower()}
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         self._drop = frozenset(drop)
+        self.handlers = [
+            Handler(d, config, self.tenants, self._drop, client, self.compactor, metrics)
+            for d in DIALECTS
+        ]
+        defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
+        self._passthrough = config.upstreams[next(n for n in defaults if n)]
 
     async def passthrough(self, request: Request) -> ASGIApp:
-        """Any other /v1/* call: forwarded to the default upstream untouched."""
+        """Any other /v1/* call: forwarded untouched to the default upstream (of chat
+        completions when defaults are set per API)."""
         self.tenants.tenant(request.headers)
-        upstream = self.config.upstreams[self.config.default_upstream]
+        upstream = self._passthrough
         body = await read_body(request, self.config.listen.max_body_bytes)
         path = _relative_path(request)
         headers = relayable(request.headers.items(), self._drop)
@@ -82,7 +112,7 @@ class Proxy:
     async def readyz(self, request: Request) -> Response:
         """Ready when the store answers and the tokenizer is loaded."""
         store = await self.store.ping()
-        warm = self.compactor.warm
+        warm = self.limits.warm
         body = {
             "status": "ready" if store and warm else "degraded",
             "store": "ok" if store else "unavailable",
@@ -106,30 +136,26 @@ def _relative_path(request: Request) -> str:
     return raw.decode("latin-1").partition("?")[0].removeprefix("/v1")
 
 
-def guarded(handler: Handler, metrics: Metrics) -> Callable[[Request], Awaitable[ASGIApp]]:
-    """Every failure becomes a clear error in OpenAI's shape; never a traceback to the client."""
+def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> Endpoint:
+    """Every failure becomes a clear error in the dialect's shape; never a traceback."""
 
-    async def endpoint(request: Request) -> ASGIApp:
+    async def guarded_endpoint(request: Request) -> ASGIApp:
         try:
-            return await handler(request)
-        except ProxyError as exc:
+            return await endpoint(request)
+        except APIError as exc:
             metrics.requests.labels("error", str(exc.status_code)).inc()
-            return error_response(exc)
+            return error_response(exc, dialect)
         except ClientDisconnect:
             return client_gone(metrics)
         except StreamBroken:
             metrics.requests.labels("error", "502").inc()
-            return error_response(UpstreamUnreachable("the upstream broke off its answer"))
+            return error_response(UpstreamUnreachable("the upstream broke off its answer"), dialect)
         except Exception as exc:
             log.exception("unexpected error", extra={"error": type(exc).__name__})
             metrics.requests.labels("error", "500").inc()
-            return Response(
-                error_body("The proxy failed to handle this request.", "server_error"),
-                status_code=500,
-                media_type="application/json",
-            )
+            return error_response(APIError("The proxy failed to handle this request."), dialect)
 
-    return endpoint
+    return guarded_endpoint
 
 
 def client_gone(metrics: Metrics) -> Response:
@@ -147,7 +173,7 @@ class _Endpoint:
     holding a connection until the first-byte timeout.
     """
 
-    def __init__(self, handler: Callable[[Request], Awaitable[ASGIApp]], metrics: Metrics) -> None:
+    def __init__(self, handler: Endpoint, metrics: Metrics) -> None:
         self.handler = handler
         self.metrics = metrics
 
@@ -209,27 +235,30 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Tokenizers load in the background: /healthz answers at once, and a first request
         # that needs an encoding waits for it in tiktoken.
-        warming = asyncio.get_running_loop().run_in_executor(None, proxy.compactor.warm_up)
+        warming = asyncio.get_running_loop().run_in_executor(None, proxy.limits.warm_up)
         yield
         await warming
-        await proxy.compactor.close()
+        await proxy.prepared.close()
         if owns_client:
             await client.close()
         if owns_store:
             await store.close()
 
-    def route(path: str, handler: Handler, methods: list[str]) -> Route:
-        return Route(path, _Endpoint(guarded(handler, metrics), metrics), methods=methods)
+    def route(
+        path: str, endpoint: Endpoint, methods: list[str], dialect: Dialect = OPENAI
+    ) -> Route:
+        return Route(path, _Endpoint(guarded(endpoint, metrics, dialect), metrics), methods=methods)
 
     routes: list[BaseRoute] = [
-        route("/v1/chat/completions", proxy.chat, ["POST"]),
+        *(route(h.dialect.path, h, ["POST"], h.dialect) for h in proxy.handlers),
         route("/v1/{path:path}", proxy.passthrough, ANY),
         Route("/healthz", proxy.healthz, methods=["GET"]),
         Route("/readyz", proxy.readyz, methods=["GET"]),
         Route("/metrics", proxy.metrics_endpoint, methods=["GET"]),
     ]
     if config.admin.token:
-        routes += Admin(config.admin.token, store).routes()
+        admin_sessions = Sessions(store, metrics, fail_open=False)
+        routes += Admin(config.admin.token, admin_sessions).routes()
     routes.append(route("/{path:path}", proxy.not_found, ANY))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.proxy = proxy

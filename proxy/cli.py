@@ -8,7 +8,6 @@ import sys
 import orjson
 
 from . import config as config_module
-from .settings import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         # Command-line values go through the same checks as the file's (a new host can turn
         # a safe config into an open relay).
         config = config_module.load(path, listen=listen)
-    except ConfigError as exc:
+    except config_module.ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     if args.command == "check-config":

@@ -1,16 +1,42 @@
-"""The proxy's own errors, each rendered in OpenAI's error shape.
+"""The proxy's exceptions: one tree under `ProxyError`.
 
-Upstream errors are never wrapped: they reach the client with their own status and body.
-These are only for failures the proxy itself detects.
+    ProxyError                the root: everything the proxy raises on purpose
+    ├── ConfigError           the configuration is invalid (proxy.config)
+    ├── NoRoute               no configured upstream serves this request's API (proxy.config)
+    ├── StreamBroken          an upstream stopped sending in the middle of a body
+    ├── SummaryFailed         the summarizer gave no usable summary
+    └── APIError              what a client sees: a status and an error in its API's shape
+        ├── InvalidRequest        400  (ContextLengthExceeded: 400 context_length_exceeded)
+        ├── Unauthorized          401
+        ├── NotFound              404
+        ├── BodyTooLarge          413
+        ├── UpstreamUnreachable   502
+        ├── StoreUnavailable      503  the session store did not answer (served fail-open
+        │                              unless the config says fail closed)
+        └── UpstreamTimeout       504
+
+An `APIError` carries OpenAI's fields (message, type, param, code); each wire format renders
+it in its own shape (proxy.dialects). Upstream errors are never wrapped: they reach the client
+with the upstream's own status and body.
 """
 
 from __future__ import annotations
 
-import orjson
-
 
 class ProxyError(Exception):
-    """An error the client sees as `{"error": {"message", "type", "param", "code"}}`."""
+    """The root of every exception the proxy raises on purpose."""
+
+
+class StreamBroken(ProxyError):
+    """The upstream stopped sending in the middle of a body (stalled, reset, closed)."""
+
+
+class SummaryFailed(ProxyError):
+    """The summarizer gave no usable summary (error, timeout, empty, or cooling down)."""
+
+
+class APIError(ProxyError):
+    """An error the client sees, with a status code and OpenAI's error fields."""
 
     status_code = 500
     error_type = "server_error"
@@ -23,11 +49,8 @@ class ProxyError(Exception):
         if code is not None:
             self.code = code
 
-    def body(self) -> bytes:
-        return error_body(self.message, self.error_type, self.param, self.code)
 
-
-class InvalidRequest(ProxyError):
+class InvalidRequest(APIError):
     status_code = 400
     error_type = "invalid_request_error"
 
@@ -36,47 +59,41 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
-class Unauthorized(ProxyError):
+class Unauthorized(APIError):
     status_code = 401
     error_type = "invalid_request_error"
     code = "invalid_api_key"
 
 
-class NotFound(ProxyError):
+class NotFound(APIError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "not_found"
 
 
-class BodyTooLarge(ProxyError):
+class BodyTooLarge(APIError):
     status_code = 413
     error_type = "invalid_request_error"
     code = "request_too_large"
 
 
-class UpstreamUnreachable(ProxyError):
+class UpstreamUnreachable(APIError):
     status_code = 502
     error_type = "upstream_error"
     code = "upstream_unreachable"
 
 
-class StoreUnavailableError(ProxyError):
-    """Raised only when the store is configured to fail closed."""
+class StoreUnavailable(APIError):
+    """The session store could not answer (down, timeout, protocol error). Requests are served
+    without the session's state (fail open); a client only sees it when the store is
+    configured to fail closed."""
 
     status_code = 503
     error_type = "server_error"
     code = "session_store_unavailable"
 
 
-class UpstreamTimeout(ProxyError):
+class UpstreamTimeout(APIError):
     status_code = 504
     error_type = "upstream_error"
     code = "upstream_timeout"
-
-
-def error_body(
-    message: str, error_type: str, param: str | None = None, code: str | None = None
-) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    )

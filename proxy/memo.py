@@ -11,8 +11,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from policies.chain import Chain, message_digest
-from policies.conversation import is_system
+from policies.chain import message_digest
 
 V = TypeVar("V")
 
@@ -57,21 +56,20 @@ class Memo(Generic[V]):
         self._recent[key] = found
         return found
 
+    def each(self, values: Sequence[Any], make: Callable[[Any], V], keys: Sequence[int]) -> list[V]:
+        """`make` of each of `values`, memoised, given their `content_keys`."""
+        get = self.get
+        return [get(value, make, key) for value, key in zip(values, keys, strict=True)]
+
 
 class MessageDigests:
-    """Chains of message digests, memoised: the chain of a long history is rebuilt every
-    turn, and canonicalising each message costs far more than looking it up."""
+    """The digest of each message (`policies.message_digest`), memoised: a long history's
+    chain (`policies.Chain.of`) is rebuilt every turn, and canonicalising a message costs far
+    more than looking it up."""
 
     def __init__(self, size: int = 65_536) -> None:
         self.memo: Memo[bytes] = Memo(size)
 
-    def chain(self, messages: Sequence[Any], keys: Sequence[int]) -> Chain:
-        """The chain of `messages`, whose `content_keys` are `keys`."""
-        memo = self.memo
-        return Chain(
-            [
-                memo.get(message, message_digest, key)
-                for message, key in zip(messages, keys, strict=True)
-                if not is_system(message)
-            ]
-        )
+    def __call__(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
+        """The digests of `messages`, whose `content_keys` are `keys`."""
+        return self.memo.each(messages, message_digest, keys)

@@ -1,38 +1,153 @@
-"""Which conversation a request belongs to.
+"""Sessions: which conversation a request belongs to, and its state in the store.
 
-The session id comes from the configured header, else `metadata.session_id` in the body,
-else it is derived from the first user message (system prompts change from day to day, so
-they are left out). It is only ever used hashed with the tenant (see store.session_key).
+A session is one conversation of one tenant. Its id comes from the configured header, else
+from where the client's own API names it (a body field or header: see each dialect), else it
+is derived from the first user message. Its store key is a hash of tenant and id, so raw
+client input never reaches the store and one tenant can never address another's state.
+
+`Sessions` is the one place that reads and writes session state: reads that fail open,
+compare-and-set updates (re-read on conflict) with fencing, and the single-flight lock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
-MAX_SESSION_ID = 256
+from .errors import StoreUnavailable
+from .metrics import Metrics
+from .state import SessionState
+from .store import SessionStore
+
+log = logging.getLogger("compaction_proxy")
+
+CAS_ATTEMPTS = 3
+LOCK_POLL_SECONDS = 0.05
 
 
-def session_id(header_value: str | None, body: Mapping[str, Any]) -> str:
-    if header_value:
-        return header_value[:MAX_SESSION_ID]
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict):
-        value = metadata.get("session_id")
-        if isinstance(value, str) and value:
-            return value[:MAX_SESSION_ID]
-    return derived_session_id(body.get("messages") or [])
+def session_id(header: str | None, hint: str | None, messages: Sequence[Any]) -> str:
+    """The session id: the configured header, else the client's own name for it, else derived.
+
+    Ids are used whole (hashed into the store key), never cut: two long ids that differ only
+    at their end are two sessions.
+    """
+    return header or hint or derived_session_id(messages)
 
 
-def derived_session_id(messages: list[Any]) -> str:
-    """A stable id from the first user message (and the model-independent rest: nothing)."""
-    first = next(
-        (m for m in messages if isinstance(m, dict) and m.get("role") == "user"),
-        None,
-    )
+def derived_session_id(messages: Sequence[Any]) -> str:
+    """A stable id from the first user message (system prompts change from day to day)."""
+    first = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
     content = first.get("content") if first else None
     digest = hashlib.sha256(orjson.dumps(content)).hexdigest()
     return f"derived-{digest[:24]}"
+
+
+def session_key(tenant: str, session: str) -> str:
+    """The store key of one tenant's session: a hash, unambiguous (the tenant is
+    length-prefixed), so one tenant can never address another's state."""
+    tenant_bytes = tenant.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(len(tenant_bytes).to_bytes(8, "big") + tenant_bytes)
+    digest.update(session.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:32]
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A session's state as read, its version, and whether the store answered."""
+
+    state: SessionState
+    version: int
+    store: str  # "ok" | "unavailable"
+
+    @property
+    def available(self) -> bool:
+        return self.store == "ok"
+
+
+class Sessions:
+    """Session state in a `SessionStore`, as the request path and the admin API use it."""
+
+    def __init__(self, store: SessionStore, metrics: Metrics, *, fail_open: bool = True) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.fail_open = fail_open
+
+    async def load(self, key: str) -> Loaded:
+        """The session's state; an empty one when there is none, or when the store failed
+        and the proxy fails open (StoreUnavailable otherwise)."""
+        try:
+            record = await self.store.get(key)
+        except StoreUnavailable:
+            return self._failed("get")
+        if record is None:
+            return Loaded(SessionState(), 0, "ok")
+        try:
+            return Loaded(SessionState.from_bytes(record.data), record.version, "ok")
+        except ValueError:
+            log.warning("corrupt session state replaced", extra={"session": key[:12]})
+            return Loaded(SessionState(), record.version, "ok")
+
+    async def update(
+        self,
+        key: str,
+        change: Callable[[SessionState], SessionState],
+        *,
+        fence: int | None = None,
+        loaded: Loaded | None = None,
+    ) -> bool:
+        """Compare-and-set `change(state)`, re-reading on a conflict (a capped number of
+        times): whether it was written. `loaded` is the state the caller already read."""
+        for _ in range(CAS_ATTEMPTS):
+            if loaded is None:
+                loaded = await self.load(key)
+            if not loaded.available:
+                return False
+            data = change(loaded.state).to_bytes()
+            try:
+                written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
+            except StoreUnavailable:
+                self._failed("compare_and_set")
+                return False
+            if written is not None:
+                return True
+            loaded = None
+        log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
+        return False
+
+    async def lock(self, key: str, ttl: float, *, wait: bool) -> int | None:
+        """The session's lock (a fencing token); None when the store failed, or when another
+        holds it (compacting or preparing a summary) beyond what the caller may wait."""
+        deadline = time.monotonic() + ttl
+        while True:
+            try:
+                token = await self.store.acquire_lock(key, ttl)
+            except StoreUnavailable:
+                self._failed("lock")
+                return None
+            if token is not None or not wait or time.monotonic() >= deadline:
+                return token
+            await asyncio.sleep(LOCK_POLL_SECONDS)
+
+    async def unlock(self, key: str, token: int) -> None:
+        try:
+            await self.store.release_lock(key, token)
+        except StoreUnavailable:
+            self._failed("unlock")
+
+    async def delete(self, key: str) -> None:
+        await self.store.delete(key)
+
+    def _failed(self, operation: str) -> Loaded:
+        """Count the failure; serve without the session's state, or fail closed."""
+        self.metrics.store_errors.labels(operation).inc()
+        if not self.fail_open:
+            raise StoreUnavailable("the session store is unavailable")
+        log.warning("session store unavailable, serving fail-open", extra={"op": operation})
+        return Loaded(SessionState(), 0, "unavailable")

@@ -1,15 +1,15 @@
-"""Per-session state: versioned records, compare-and-set, and a single-flight lock.
+"""Per-session records: versioned, compare-and-set, and a single-flight lock.
 
 `MemoryStore` serves one process, `RedisStore` replicas sharing a Redis; both pass one contract
-suite (tests/test_store.py). Keys are `session_key` hashes, so raw client input never reaches
-the store, and the Redis keys of one session share a Redis Cluster hash tag.
+suite (tests/test_store.py). Keys are `proxy.sessions.session_key` hashes, so raw client input
+never reaches the store, and the Redis keys of one session share a Redis Cluster hash tag.
+Every failure to answer is `StoreUnavailable`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import itertools
 import logging
 import re
@@ -25,16 +25,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.typing import EncodableT
 
+from .errors import StoreUnavailable
+
 log = logging.getLogger("compaction_proxy")
 
 T = TypeVar("T")
 
 _KEY = re.compile(r"[0-9a-f]{32}")
 _DB_PATH = re.compile(r"(/[0-9]*)?")
-
-
-class StoreUnavailable(Exception):
-    """The store could not answer (down, timeout, protocol error)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,15 +67,6 @@ class SessionStore(Protocol):
     async def ping(self) -> bool: ...
 
     async def close(self) -> None: ...
-
-
-def session_key(tenant: str, session: str) -> str:
-    """The store key of one tenant's session: a hash, unambiguous (the tenant is
-    length-prefixed), so one tenant can never address another's state."""
-    tenant_bytes = tenant.encode("utf-8", "surrogatepass")
-    digest = hashlib.sha256(len(tenant_bytes).to_bytes(8, "big") + tenant_bytes)
-    digest.update(session.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()[:32]
 
 
 def open_store(

@@ -12,10 +12,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-import orjson
 from starlette.types import Receive, Scope, Send
 
-from .upstream import StreamBroken
+from .errors import StreamBroken
 
 log = logging.getLogger("compaction_proxy")
 
@@ -86,17 +85,3 @@ class Relay:
 async def until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def usage_from_sse(tail: bytes) -> dict[str, object] | None:
-    """The `usage` of the last SSE event that carries one, if any."""
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data:") and b'"usage"' in line:
-            try:
-                event = orjson.loads(line[5:].strip())
-            except orjson.JSONDecodeError:
-                continue
-            usage = event.get("usage") if isinstance(event, dict) else None
-            if isinstance(usage, dict):
-                return usage
-    return None

@@ -10,16 +10,18 @@ import asyncio
 import hashlib
 import logging
 import time
-from typing import Any
-
-import orjson
+from collections.abc import Sequence
 
 import policies
 from policies.message import call_arguments, call_name, tool_calls
 
+from .config import Config, Policy, Upstream
 from .config import Summarizer as SummarizerSettings
-from .config import Upstream
+from .dialects import Dialect, dialect_of_kind
+from .errors import SummaryFailed
+from .limits import ModelLimits
 from .metrics import Metrics
+from .turn import ClientRequest
 from .upstream import UpstreamClient, read_body
 
 log = logging.getLogger("compaction_proxy")
@@ -45,10 +47,6 @@ was resolved. Write only the summary, no preamble."""
 SUMMARY_HEADER = ("x-compaction-summary", "1")
 
 
-class SummaryFailed(Exception):
-    """The summarizer gave no usable summary (error, timeout, empty, or cooling down)."""
-
-
 def transcript(messages: list[policies.Message]) -> str:
     """The evicted messages as plain text lines for the summarizer."""
     lines = []
@@ -69,7 +67,7 @@ def text_hash(summary: policies.Summary | None) -> str:
 
 
 class Cooldowns:
-    """After repeated failure, no new attempt for a while (seed 000; seed 004's breaker)."""
+    """After repeated failure, no new attempt for a while (a circuit breaker)."""
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
@@ -81,6 +79,46 @@ class Cooldowns:
         self._until[key] = time.monotonic() + seconds
 
 
+class Summarizers:
+    """Makes the summarizer of one request: the policy's configured summarizer upstream and
+    model, else the request's own upstream and model with the request's own credential."""
+
+    def __init__(
+        self, config: Config, client: UpstreamClient, limits: ModelLimits, metrics: Metrics
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.limits = limits
+        self.metrics = metrics
+        self.cooldowns = Cooldowns()
+
+    def for_request(self, request: ClientRequest) -> LLMSummarizer:
+        settings = request.policy.summarizer
+        upstream = request.upstream
+        chosen = self.config.upstreams[settings.upstream] if settings.upstream else upstream
+        model = settings.model or request.parsed.model
+        limits = self.limits.limits(model)
+        return LLMSummarizer(
+            self.client,
+            chosen,
+            # The request's own API on its own upstream; a configured summarizer's main one.
+            request.dialect if chosen is upstream else dialect_of_kind(chosen.kind),
+            model,
+            settings,
+            # The caller's credential only ever goes where the caller's request goes.
+            credentials=request.credentials if chosen is upstream else (),
+            counter=limits.counter,
+            window=limits.window,
+            metrics=self.metrics,
+            cooldowns=self.cooldowns,
+        )
+
+    def lock_seconds(self, policy: Policy) -> float:
+        """How long one summary may hold a session's lock: every attempt, and a margin."""
+        settings = policy.summarizer
+        return settings.timeout_seconds * (settings.retries + 1) + 5
+
+
 class LLMSummarizer:
     """Summarises with one model on one upstream, in chunks that fit the model's window."""
 
@@ -88,10 +126,11 @@ class LLMSummarizer:
         self,
         client: UpstreamClient,
         upstream: Upstream,
+        dialect: Dialect,
         model: str,
         settings: SummarizerSettings,
         *,
-        credential: str | None,
+        credentials: Sequence[tuple[str, str]],
         counter: policies.Counter,
         window: int,
         metrics: Metrics,
@@ -99,9 +138,10 @@ class LLMSummarizer:
     ) -> None:
         self.client = client
         self.upstream = upstream
+        self.dialect = dialect
         self.model = model
         self.settings = settings
-        self.credential = credential  # held for this task only, never stored
+        self.credentials = credentials  # held for this task only, never stored
         self.counter = counter
         self.window = window
         self.metrics = metrics
@@ -147,20 +187,14 @@ class LLMSummarizer:
         if self.cooldowns.cooling(self.breaker):
             self.metrics.summaries.labels("cooling_down").inc()
             raise SummaryFailed("summarizer cooling down after repeated failures")
-        body = orjson.dumps(
-            {
-                "model": self.model,
-                "messages": [
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": _prompt(previous, messages, instructions)},
-                ],
-                "temperature": self.settings.temperature,
-                "max_tokens": max_tokens,
-            }
+        body = self.dialect.summary_body(
+            self.model,
+            SYSTEM_PROMPT,
+            _prompt(previous, messages, instructions),
+            max_tokens,
+            self.settings.temperature,
         )
-        headers = [("Content-Type", "application/json"), SUMMARY_HEADER]
-        if self.credential:
-            headers.append(("Authorization", self.credential))
+        headers = [("Content-Type", "application/json"), SUMMARY_HEADER, *self.credentials]
         failure = "no attempt"
         for _ in range(1 + self.settings.retries):
             self.calls += 1
@@ -184,22 +218,15 @@ class LLMSummarizer:
         raise SummaryFailed(failure)
 
     async def _attempt(self, headers: list[tuple[str, str]], body: bytes) -> str:
-        response = await self.client.open(
-            self.upstream, "POST", "/chat/completions", "", list(headers), body
-        )
+        path = self.dialect.upstream_path
+        response = await self.client.open(self.upstream, "POST", path, "", list(headers), body)
         try:
             payload = await read_body(response, self.settings.timeout_seconds)
         finally:
             response.release()
         if response.status != 200:
             raise SummaryFailed(f"status {response.status}")
-        answer: Any = orjson.loads(payload)
-        choice = answer["choices"][0]
-        if choice.get("finish_reason") == "length":
-            # Cut off at max_tokens: the summary lost its end (its last sections).
-            raise SummaryFailed("overlong")
-        content = choice["message"].get("content")
-        return content.strip() if isinstance(content, str) else ""
+        return self.dialect.summary_text(payload).strip()
 
 
 _OUTCOMES = {"timeout", "empty", "overlong"}

@@ -1,5 +1,7 @@
-"""Token counting: exact with tiktoken for OpenAI models, chars/4 for the rest.
+"""The proxy's token counter: exact with tiktoken for OpenAI models, chars/4 for the rest.
 
+`TokenCounter` implements the engine's `policies.Counter` protocol; what needs no tokenizer
+(estimates for images, audio and files) lives with that protocol in `policies/counting.py`.
 Counts follow OpenAI's published formula (the cookbook's `num_tokens_from_messages` and
 `num_tokens_for_tools`). Per-message counts are cached by content, so counting a request costs
 in proportion to its new messages, not its whole history.
@@ -79,7 +81,8 @@ def _cache_key(encoding: str) -> str:
 
 
 class TokenCounter:
-    """Counts the prompt tokens of chat messages, exactly (tiktoken) or by estimate (chars/4)."""
+    """Counts the prompt tokens of chat messages, exactly (tiktoken) or by estimate (chars/4);
+    a `policies.Counter`."""
 
     def __init__(self, encoding: tiktoken.Encoding | None, *, cache_size: int = 65_536) -> None:
         self._encoding = encoding
@@ -126,8 +129,7 @@ class TokenCounter:
     def counts(self, messages: Sequence[dict[str, Any]], keys: Sequence[int]) -> list[int]:
         """Each message's tokens, given the messages' `content_keys` (computed once a request:
         this loop is the whole cost of a request that does not compact)."""
-        memo, measure = self._memo, self._measure_message
-        return [memo.get(m, measure, key) for m, key in zip(messages, keys, strict=True)]
+        return self._memo.each(messages, self._measure_message, keys)
 
     def tools(self, tools: list[dict[str, Any]] | None) -> int:
         """The tools schema (also the legacy `functions` list)."""

@@ -1,7 +1,7 @@
 """The HTTP client towards the configured upstreams.
 
 aiohttp rather than httpx: measured on this kind of machine it adds a third of httpx's latency
-to a relayed request (DESIGN.md section 9). Bodies are relayed as bytes: no decompression, no
+to a relayed request (bench/README.md). Bodies are relayed as bytes: no decompression, no
 redirects, and the URL is always the configured upstream's, whatever the client sent.
 """
 
@@ -14,7 +14,7 @@ import aiohttp
 from yarl import URL
 
 from .config import Upstream
-from .errors import UpstreamTimeout, UpstreamUnreachable
+from .errors import StreamBroken, UpstreamTimeout, UpstreamUnreachable
 
 # RFC 9110 section 7.6.1, plus the legacy Proxy-Connection.
 HOP_BY_HOP = frozenset(
@@ -137,7 +137,3 @@ async def read_body(response: aiohttp.ClientResponse, idle_timeout: float) -> by
     except BaseException:
         response.close()
         raise
-
-
-class StreamBroken(Exception):
-    """The upstream stopped sending in the middle of a body."""

@@ -22,10 +22,10 @@ from policies import (
     Budget,
     ClearToolResultsParams,
     Message,
+    Policy,
     content_text,
     current_turn,
     is_system,
-    make_budget,
     media_tokens,
     tool_pair_problems,
 )
@@ -326,13 +326,11 @@ def _truncation_of(original: str, text: str) -> bool:
 
 def budget_for(window: int, target: float = 0.45, reserved: int = 1024) -> Budget:
     """A budget as the proxy's defaults make it, at a small window."""
-    return make_budget(
-        window=window,
-        model_max_output=None,
-        request_max_tokens=None,
+    policy = Policy(
         reserved_output_tokens=reserved,
         safety_margin_tokens=64,
         prepare_at=0.6,
         compact_at=0.85,
         target=target,
     )
+    return policy.budget(window, None, None)

@@ -85,9 +85,9 @@ class Harness:
     def budget(self, model: str = MODEL) -> Budget:
         """The budget the proxy computes for `model` (no max_tokens, no calibration)."""
         app = self.servers[0].server.config.app
-        limits = app.state.proxy.compactor.limits(model)
+        limits = app.state.proxy.limits.limits(model)
         policy = self.config.policies[self.config.default_policy]
-        return policy.budget(limits.window, limits.max_output, None)
+        return policy.compaction.budget(limits.window, limits.max_output, None)
 
     def state_key(self, key: str) -> str:
         return f"{self.config.store.key_prefix}:{{{key}}}:state"

@@ -21,9 +21,8 @@ from typing import Any
 
 import openai
 
-from policies import Message, tool_pair_problems
+from policies import Message, Policy, tool_pair_problems
 from policies.message import visible_text
-from proxy.config import Policy
 from tests.conftest import config_for
 from tests.conversations import load_traces, requests
 from tests.fake_upstream import (

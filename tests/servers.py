@@ -19,9 +19,7 @@ def proxy_server(config: Config, **kwargs: object) -> ServerThread:
     """The proxy built from `config`, served as `compaction-proxy serve` would serve it;
     entered once it is ready (its tokenizer loaded)."""
     app = create_app(config, **kwargs)  # type: ignore[arg-type]
-    return ServerThread(
-        app, server_config(app, config), ready=lambda: app.state.proxy.compactor.warm
-    )
+    return ServerThread(app, server_config(app, config), ready=lambda: app.state.proxy.limits.warm)
 
 
 class ServerThread:

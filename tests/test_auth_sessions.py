@@ -11,9 +11,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.config import Auth, Config, load
-from proxy.sessions import MAX_SESSION_ID, session_id
-from proxy.settings import ConfigError
+from proxy.config import Auth, Config, ConfigError, load
+from proxy.sessions import session_id
 from proxy.tenants import Tenants, hash_key
 from tests.conftest import ConfigFactory, config_for
 from tests.fake_upstream import FakeUpstream
@@ -97,11 +96,12 @@ def test_a_tenant_is_never_the_credential() -> None:
     assert tenant != tenants.tenant({"authorization": "Bearer sk-other"})
 
 
-def test_session_ids_are_capped() -> None:
-    long = "x" * (MAX_SESSION_ID + 50)
-    assert session_id(long, {}) == session_id(long[:MAX_SESSION_ID], {})
-    assert session_id(None, {"metadata": {"session_id": long}}) == long[:MAX_SESSION_ID]
-    assert session_id("", {"messages": HELLO}) == session_id(None, {"messages": HELLO})
+def test_long_session_ids_are_used_whole(http: httpx.Client, server: ServerThread) -> None:
+    long = "x" * 10_000
+    one = session_of(http, server, headers={"x-session-id": long + "a"})
+    assert session_of(http, server, headers={"x-session-id": long + "b"}) != one
+    assert session_of(http, server, metadata={"session_id": long + "a"}) == one
+    assert session_id("", None, HELLO) == session_id(None, None, HELLO)
 
 
 # -- inbound keys ----------------------------------------------------------------------------------

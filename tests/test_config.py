@@ -11,11 +11,13 @@ import orjson
 import pytest
 import yaml
 
+import policies
+from policies import ClearToolResultsParams as ClearToolResults
 from proxy import config as config_module
-from proxy.config import Config, load, loads
-from proxy.settings import ConfigError
+from proxy.config import Config, ConfigError, load, loads
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+COMPACTION_DOCS = DOCS.parent / "compaction.md"
 SHA = "a" * 64
 SECRETS = {
     "CP_TEST_OPENAI_KEY": "sk-live-0123456789",
@@ -86,7 +88,7 @@ policies:
   cheap: {{}}
 default_policy: cheap
 routes:
-  - {{policy: default, model: "gpt-4o*", policy_header: careful, upstream: local}}
+  - {{policy: default, model: "gpt-4o*", policy_header: careful, upstream: local, dialects: [chat]}}
 admin:
   token: ${{CP_TEST_ADMIN_TOKEN}}
 logging:
@@ -122,19 +124,22 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     (model,) = config.models
     assert (model.context_window, model.counting, model.upstream) == (32768, "estimate", "local")
     policy = config.policies["default"]
-    assert (policy.prepare_at, policy.compact_at, policy.target) == (0.5, 0.8, 0.4)
+    compaction = policy.compaction
+    assert (compaction.prepare_at, compaction.compact_at, compaction.target) == (0.5, 0.8, 0.4)
+    assert (compaction.reserved_output_tokens, compaction.safety_margin_tokens) == (2048, 128)
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
-    assert policy.compaction.protect_recent_rounds == 8
-    assert policy.compaction.anchors == ("ORD-\\d+",)
-    assert [name for name, _ in policy.compaction.layers] == [
+    assert compaction.protect_recent_rounds == 8
+    assert compaction.anchors == ("ORD-\\d+",)
+    assert [name for name, _ in compaction.layers] == [
         "clear_tool_results",
         "truncate_tool_fields",
         "drop_tool_blocks",
         "summarize",
         "trim_head",
     ]
-    assert config.policies["cheap"].target == 0.7  # defaults fill what is left out
+    assert config.policies["cheap"].compaction.target == 0.7  # defaults fill what is left out
     assert config.routes[0].policy_header == "careful"
+    assert config.routes[0].dialects == ("chat",)
     assert config.admin.token == secrets["CP_TEST_ADMIN_TOKEN"]
     assert (config.logging.level, config.logging.format) == ("debug", "text")
 
@@ -165,7 +170,11 @@ def test_the_full_example_covers_the_docs() -> None:
 
 
 def test_every_setting_is_documented() -> None:
+    """Every key a config file may hold; the engine's policy keys in either document."""
     documented = documented_keys() | set(re.findall(r"`([a-z_]+)`", DOCS.read_text()))
+    both = documented | set(re.findall(r"`([a-z_]+)`", COMPACTION_DOCS.read_text()))
+    engine = {f.name for f in dataclasses.fields(policies.Policy)}
+    assert engine <= both, engine - both
     sections = [
         config_module.Listen,
         config_module.Store,
@@ -182,7 +191,7 @@ def test_every_setting_is_documented() -> None:
         config_module.Config,
     ]
     fields = {f.name for cls in sections for f in dataclasses.fields(cls) if f.init}
-    fields -= {"compaction"}  # the policy's compaction keys sit flat in it (docs/compaction.md)
+    fields -= {"compaction"}  # the engine's policy: its keys sit flat in a policy
     names = {part for key in documented for part in key.split(".")}
     assert fields <= names, fields - names
 
@@ -361,40 +370,12 @@ def test_masked_store_urls(url: str, shown: str) -> None:
     assert loads(MINIMAL + f"store:\n  url: {url}\n").masked()["store"]["url"] == shown
 
 
-ROUTED = """
-upstreams:
-  main: {base_url: "http://127.0.0.1:8001/v1"}
-  local: {base_url: "http://127.0.0.1:8002/v1"}
-  special: {base_url: "http://127.0.0.1:8003/v1"}
-default_upstream: main
-models:
-  - {match: "local/*", upstream: local}
-policies:
-  default: {}
-  mini: {target: 0.3}
-  careful: {compact_at: 0.8, prepare_at: 0.6, target: 0.5}
-routes:
-  - {policy: careful, policy_header: careful}
-  - {policy: mini, model: "gpt-4o-mini*"}
-  - {policy: careful, model: "local/big-*", upstream: special}
-"""
-
-
-@pytest.mark.parametrize(
-    ("model", "header", "policy", "upstream"),
-    [
-        ("gpt-4o", None, "default", "main"),
-        ("gpt-4o-mini-2024-07-18", None, "mini", "main"),
-        ("gpt-4o-mini", "careful", "careful", "main"),  # the first matching route wins
-        ("gpt-4o-mini", "other", "mini", "main"),
-        ("local/llama", None, "default", "local"),  # the model's upstream
-        ("local/big-model", None, "careful", "special"),  # the route's upstream wins
-        ("local/llama", "careful", "careful", "local"),
-    ],
-)
-def test_routes(model: str, header: str | None, policy: str, upstream: str) -> None:
-    chosen_policy, chosen_upstream = loads(ROUTED).route(model, header)
-    assert (chosen_policy.name, chosen_upstream.name) == (policy, upstream)
+def test_masked_lays_a_policy_out_as_in_the_file(secrets: dict[str, str]) -> None:
+    policy = loads(FULL).masked()["policies"]["default"]
+    assert "compaction" not in policy
+    assert (policy["target"], policy["protect_recent_rounds"]) == (0.4, 8)
+    assert policy["layers"][0] == {"clear_tool_results": dataclasses.asdict(ClearToolResults(3))}
+    assert policy["summarizer"]["model"] == "small-summarizer"
 
 
 def test_configs_are_plain_frozen_data() -> None:

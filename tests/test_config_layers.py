@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies import ClearToolResultsParams, LayerSpec, TrimHeadParams
-from proxy.config import loads
-from proxy.settings import ConfigError
+from proxy.config import ConfigError, loads
 
 BASE = """
 upstreams:
@@ -66,6 +65,8 @@ def test_bad_layers_name_the_key_and_line(layers: str, message: str) -> None:
 def test_bad_compaction_keys_are_named() -> None:
     with pytest.raises(ConfigError) as error:
         loads(policy("anchors: ['([']\nsummary_role: robot\nprotect_rounds: 3"))
-    text = str(error.value)
-    assert "policies.default.anchors[0]" in text and "regular expression" in text
-    assert "policies.default.protect_rounds" in text and "unknown key" in text
+    unknown, rules = error.value.problems
+    assert unknown.startswith("policies.default.protect_rounds (<config>, line 8): unknown key")
+    # The policy's own rules, every one it breaks, at the policy's key and line.
+    assert rules.startswith("policies.default (<config>, line 5): summary_role must be one of")
+    assert "; anchor '([' is not a valid regular expression" in rules

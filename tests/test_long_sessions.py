@@ -15,10 +15,9 @@ from typing import Any
 from langchain_core.messages import BaseMessage, convert_to_messages, trim_messages
 from langchain_core.messages.utils import convert_to_openai_messages
 
-from policies import Message
+from policies import Message, Policy
 from policies.message import visible_text
 from policies.plan import SUMMARY_HEADING
-from proxy.config import Policy
 from tests.conversations import ANCHOR, requests, view_problems, words
 from tests.replay import (
     JOIN,

@@ -16,17 +16,19 @@ from policies import (
     Context,
     Decision,
     DropToolBlocksParams,
+    LayerSpec,
     Plan,
-    PolicyParams,
+    Policy,
     Summary,
     SummaryRequest,
     TruncateToolFieldsParams,
     content_text,
     make_context,
     render,
+    run_layer,
 )
-from policies.layers.summarize import SummarizeParams, summarize
-from policies.layers.trim_head import SHORTENED, TrimHeadParams, trim_head
+from policies.layers.summarize import SummarizeParams
+from policies.layers.trim_head import SHORTENED, TrimHeadParams
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from tests.conversations import (
     ANCHOR,
@@ -39,7 +41,7 @@ from tests.conversations import (
 )
 
 COUNTER = CharCounter()
-PARAMS = PolicyParams(anchors=(ANCHOR,))
+POLICY = Policy(anchors=(ANCHOR,))
 SYSTEM = {"role": "system", "content": "You are a helpful agent."}
 
 
@@ -47,18 +49,19 @@ def context(
     messages: list[dict],
     window: int = 4096,
     target: float = 0.45,
-    params: PolicyParams = PARAMS,
+    policy: Policy = POLICY,
     **kwargs: object,
 ) -> Context:
     return make_context(
-        messages, params, counter=COUNTER, budget=budget_for(window, target), **kwargs
+        messages, policy, counter=COUNTER, budget=budget_for(window, target), **kwargs
     )
 
 
 async def run(name: str, messages: list[dict], plan: Plan, ctx: Context, params: object = None):
-    layer = LAYERS[name]
-    outcome = layer.run(messages, plan, ctx, params if params is not None else layer.params())
-    return outcome if isinstance(outcome, tuple) else await outcome
+    """The layer's new plan and its decisions: one, or none when it changed nothing."""
+    spec = LayerSpec(name, params if params is not None else LAYERS[name].params())
+    new, decision = await run_layer(spec, messages, plan, ctx)
+    return new, [] if decision is None else [decision]
 
 
 def tokens(messages: list[dict], plan: Plan, ctx: Context) -> int:
@@ -323,7 +326,7 @@ def test_truncate_parameters_are_checked() -> None:
 
 async def test_drop_removes_old_blocks_whole_and_keeps_the_newest() -> None:
     messages = agent_loop(8, 300)
-    ctx = context(messages, 1024, params=PolicyParams(protect_recent_rounds=0))
+    ctx = context(messages, 1024, policy=Policy(protect_recent_rounds=0))
     plan, (decision,) = await run(
         "drop_tool_blocks", messages, Plan(), ctx, DropToolBlocksParams(keep_last=2)
     )
@@ -437,24 +440,24 @@ async def test_without_a_summarizer_the_digest_is_the_summary() -> None:
 async def test_summarize_leaves_the_current_turn_of_an_agent_loop() -> None:
     messages = agent_loop(6, 300)  # one round: before the task there is nothing to evict
     ctx = context(messages, 1024, summarizer=echo)
-    assert await summarize(messages, Plan(), ctx, SummarizeParams()) == (Plan(), [])
+    assert await run("summarize", messages, Plan(), ctx, SummarizeParams()) == (Plan(), [])
 
 
 @pytest.mark.parametrize(
-    ("params", "window", "start"),
+    ("policy", "window", "start"),
     [
-        (PolicyParams(protect_recent_rounds=2), 1024, 78),  # the current round and one more
-        (PolicyParams(protect_min_tokens=60, protect_min_text_messages=3), 1024, 78),
-        (PolicyParams(protect_max_tokens=80), 1024, 77),
-        (PolicyParams(), 1024, 77),  # at most half the target: 105 tokens
-        (PolicyParams(), 8192, 58),  # the newest twelve rounds
+        (Policy(protect_recent_rounds=2), 1024, 78),  # the current round and one more
+        (Policy(protect_min_tokens=60, protect_min_text_messages=3), 1024, 78),
+        (Policy(protect_max_tokens=80), 1024, 77),
+        (Policy(), 1024, 77),  # at most half the target: 105 tokens
+        (Policy(), 8192, 58),  # the newest twelve rounds
     ],
 )
-async def test_summarize_stops_at_the_protected_part(params, window, start) -> None:
+async def test_summarize_stops_at_the_protected_part(policy, window, start) -> None:
     messages = chat(40, 20)  # 28 tokens a question, 30 an answer
-    ctx = context(messages, window, 0.3, params=params)
+    ctx = context(messages, window, 0.3, policy=policy)
     assert ctx.protected_start == start
-    plan, (decision,) = await summarize(messages, Plan(), ctx, SummarizeParams())
+    plan, (decision,) = await run("summarize", messages, Plan(), ctx, SummarizeParams())
     assert plan.cut <= start
     assert decision.tokens_after <= ctx.target_tokens or plan.cut == start
 
@@ -465,7 +468,7 @@ async def test_summarize_stops_at_the_protected_part(params, window, start) -> N
 async def test_trim_head_drops_the_oldest_until_the_view_fits() -> None:
     messages = chat(12, 60)
     ctx = context(messages, 2048)
-    plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    plan, (decision,) = await run("trim_head", messages, Plan(), ctx, TrimHeadParams())
     dropped = sorted(plan.edits)
     assert dropped == list(range(len(dropped)))
     assert all(edit is None for edit in plan.edits.values())
@@ -477,7 +480,7 @@ async def test_trim_head_keeps_the_current_turn_even_when_it_does_not_fit() -> N
     messages = [*chat(2, 10), {"role": "user", "content": text(5000)}]
     messages.pop(-2)
     ctx = context(messages, 2048)
-    plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    plan, (decision,) = await run("trim_head", messages, Plan(), ctx, TrimHeadParams())
     assert render(messages, plan) == [SYSTEM, messages[-1]]
     assert decision.tokens_after == ctx.floor_tokens > ctx.limit_tokens
 
@@ -486,7 +489,7 @@ async def test_trim_head_shortens_a_summary_that_leaves_no_room() -> None:
     messages = chat(3, 10)
     plan = Plan(cut=2, summary=Summary(text(2000, "summ"), "llm"), covered=7)
     ctx = context(messages, 4096)
-    new, (decision,) = trim_head(messages, plan, ctx, TrimHeadParams())
+    new, (decision,) = await run("trim_head", messages, plan, ctx, TrimHeadParams())
     assert new.summary is not None
     assert new.summary.text.startswith("summ") and new.summary.text.endswith(f"\n{SHORTENED}")
     assert decision.tokens_after <= ctx.target_tokens
@@ -502,7 +505,7 @@ async def test_trim_head_keeps_the_newest_anchors_of_what_it_drops() -> None:
         ]
     messages.append({"role": "user", "content": "which orders?"})
     ctx = context(messages, 1024)
-    plan, (decision,) = trim_head(messages, Plan(), ctx, TrimHeadParams())
+    plan, (decision,) = await run("trim_head", messages, Plan(), ctx, TrimHeadParams())
     dropped = [f"ORDER-{p // 2:04d}" for p in sorted(plan.edits) if p % 2 == 0]
     assert plan.anchor_block is not None
     kept = plan.anchor_block.split("\n")

@@ -15,7 +15,7 @@ from policies import (
     Compaction,
     LayerSpec,
     Plan,
-    PolicyParams,
+    Policy,
     SummarizeParams,
     SummaryRequest,
     TrimHeadParams,
@@ -41,7 +41,7 @@ from tests.conversations import (
 )
 
 COUNTER = CharCounter()
-PARAMS = PolicyParams(anchors=(ANCHOR,))
+POLICY = Policy(anchors=(ANCHOR,))
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
@@ -56,12 +56,12 @@ async def failing(request: SummaryRequest) -> str:
     raise ConnectionError("upstream down")
 
 
-async def run(messages, plan=None, *, window=4096, target=0.45, params=PARAMS, **kwargs):
+async def run(messages, plan=None, *, window=4096, target=0.45, policy=POLICY, **kwargs):
     return await compact(
         messages,
         plan or Plan(),
         budget=budget_for(window, target),
-        params=params,
+        policy=policy,
         counter=COUNTER,
         **kwargs,
     )
@@ -80,7 +80,7 @@ def check(messages: list[dict], result: Compaction, *, window: int, target: floa
     """Every pipeline invariant of one compaction."""
     budget = budget_for(window, target)
     assert view_problems(messages, result.view) == []
-    assert result.view == render(messages, result.plan, summary_role=PARAMS.summary_role)
+    assert result.view == render(messages, result.plan, summary_role=POLICY.summary_role)
     assert result.tokens_after == fixed + sum(COUNTER.message(m) for m in result.view)
     assert result.floor_tokens == floor(messages, fixed)
     if result.floor_tokens <= budget.target_tokens:
@@ -206,7 +206,7 @@ async def test_anchors_too_many_for_their_cap_are_reported() -> None:
 
 
 async def test_the_summary_role_and_a_custom_layer_list_are_honoured() -> None:
-    params = PolicyParams(
+    policy = Policy(
         summary_role="system",
         layers=(
             LayerSpec("summarize", SummarizeParams()),
@@ -214,25 +214,27 @@ async def test_the_summary_role_and_a_custom_layer_list_are_honoured() -> None:
         ),
     )
     messages = long_chat()
-    result = await run(messages, window=4096, params=params)
+    result = await run(messages, window=4096, policy=policy)
     header = next(m for m in result.view if is_header(m))
     assert header["role"] == "system"
     assert result.view.index(header) == 1
 
 
-def test_policy_params_are_checked() -> None:
-    with pytest.raises(ValueError, match="anchor pattern"):
-        PolicyParams(anchors=("([",))
+def test_policies_are_checked() -> None:
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        Policy(anchors=("([",))
     with pytest.raises(ValueError, match="summary_role"):
-        PolicyParams(summary_role="tool")
+        Policy(summary_role="tool")
     with pytest.raises(ValueError, match="is not a layer"):
-        PolicyParams(layers=(("trim_head", object()),))
+        Policy(layers=(("trim_head", object()),))
+    with pytest.raises(ValueError, match="protect_max_tokens must not be negative"):
+        Policy(protect_max_tokens=-1)
 
 
 # --- every recorded conversation, turn by turn -----------------------------------------------
 
 TRACES = load_traces()
-TRACE_ANCHORS = PolicyParams(anchors=(r"\b[A-Z0-9]{6}\b", r"\b[a-z]+_[a-z]+_\d{4}\b"))
+TRACE_ANCHORS = Policy(anchors=(r"\b[A-Z0-9]{6}\b", r"\b[a-z]+_[a-z]+_\d{4}\b"))
 
 
 @pytest.mark.parametrize("window", [4096, 8192])
@@ -251,7 +253,7 @@ async def test_every_trace_prefix_compacts_within_the_invariants(window: int, ta
                 request,
                 Plan(),
                 budget=budget,
-                params=TRACE_ANCHORS,
+                policy=TRACE_ANCHORS,
                 counter=COUNTER,
                 summarizer=summarizer,
             )
@@ -282,7 +284,7 @@ async def test_traces_replayed_as_sessions_keep_a_stable_prefix(window: int):
             tokens = sum(COUNTER.message(m) for m in view)
             if budget.status(tokens) == "compact":
                 result = await compact(
-                    request, plan, budget=budget, params=TRACE_ANCHORS, counter=COUNTER
+                    request, plan, budget=budget, policy=TRACE_ANCHORS, counter=COUNTER
                 )
                 assert view_problems(request, result.view) == [], name
                 assert result.plan.cut >= plan.cut, name

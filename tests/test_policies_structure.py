@@ -1,4 +1,4 @@
-"""The building blocks of policies/: structure, hash chain, plan and view, budget, counting."""
+"""The building blocks of policies/: structure, hash chain, plan and view, counting."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from policies import (
     current_turn,
     current_turn_start,
     image_tokens,
-    make_budget,
     media_tokens,
     render,
+    render_entries,
     rounds,
     tool_blocks,
     tool_pair_problems,
@@ -224,6 +224,61 @@ def test_the_empty_plan_renders_the_messages_unchanged(messages: list[dict]) -> 
     assert render(messages, Plan()) == messages
 
 
+def test_render_entries_say_where_each_message_of_the_view_comes_from() -> None:
+    plan = Plan(
+        cut=2,
+        summary=Summary("they talked", "llm"),
+        edits={4: {**tool("a"), "content": "[cleared]"}, 5: None},
+        covered=6,
+    )
+    entries = render_entries(CHAT, plan)
+    header = header_message(plan.summary, None)
+    assert entries == [
+        (0, SYSTEM),
+        (3, CHAT[3]),
+        (None, header),
+        (4, CHAT[4]),
+        (5, CHAT[5]),
+        (6, plan.edits[4]),
+    ]
+    assert entries[3][1] is CHAT[4]  # an unedited message is the request's own object
+
+
+@st.composite
+def plans(draw: st.DrawFn, messages: list[dict]) -> Plan:
+    """A plan over `messages`: any cut, summary and anchor block, edits of later positions
+    (dropped, or replaced by a new message)."""
+    chain = len([m for m in messages if m["role"] not in ("system", "developer")])
+    cut = draw(st.integers(0, chain + 1))
+    later = st.sampled_from(range(cut, chain)) if cut < chain else st.nothing()
+    edits = draw(st.dictionaries(later, st.none() | st.builds(lambda: tool("x", "[edit]"))))
+    summary = draw(st.none() | st.just(Summary("s", "digest")))
+    anchor_block = draw(st.none() | st.just("ORDER-1"))
+    return Plan(cut=cut, summary=summary, edits=edits, anchor_block=anchor_block, covered=chain)
+
+
+@settings(max_examples=100, deadline=None)
+@given(conversations(), st.data())
+def test_render_entries_point_at_the_messages_they_show(messages: list[dict], data) -> None:
+    plan = data.draw(plans(messages))
+    entries = render_entries(messages, plan, summary_role="system")
+    assert [m for _, m in entries] == render(messages, plan, summary_role="system")
+    indices = [i for i, _ in entries if i is not None]
+    assert indices == sorted(set(indices))  # strictly increasing
+    chain_position = {}
+    for index, message in enumerate(messages):
+        if message["role"] not in ("system", "developer"):
+            chain_position[index] = len(chain_position)
+    for index, message in entries:
+        if index is None:
+            continue
+        position = chain_position.get(index)
+        shown = messages[index] if position is None else plan.edits.get(position, messages[index])
+        assert message is shown
+    has_header = plan.summary is not None or plan.anchor_block is not None
+    assert [i for i, _ in entries].count(None) == (1 if has_header else 0)
+
+
 def test_plan_round_trips_through_json() -> None:
     plan = Plan(
         cut=3,
@@ -255,57 +310,6 @@ def test_plan_round_trips_through_json() -> None:
 def test_plan_from_dict_rejects_what_is_not_a_plan(data: dict) -> None:
     with pytest.raises(ValueError, match="not a plan"):
         Plan.from_dict(data)
-
-
-# --- budget ---------------------------------------------------------------------------------
-
-
-def budget(**changes: object):
-    args: dict = {
-        "window": 8192,
-        "model_max_output": None,
-        "request_max_tokens": None,
-        "reserved_output_tokens": 4096,
-        "safety_margin_tokens": 100,
-        "prepare_at": 0.6,
-        "compact_at": 0.85,
-        "target": 0.45,
-    }
-    return make_budget(**{**args, **changes})
-
-
-def test_reserved_output_is_the_clients_max_tokens_exactly() -> None:
-    assert budget(request_max_tokens=5000).reserved_output == 5000
-    assert budget(request_max_tokens=0).reserved_output == 0
-
-
-def test_reserved_output_otherwise_scales_with_the_window() -> None:
-    assert budget().reserved_output == 2048  # a quarter of 8192
-    assert budget(window=1_000_000).reserved_output == 4096
-    assert budget(window=1_000_000, model_max_output=1000).reserved_output == 1000
-
-
-def test_levels_are_fractions_of_the_usable_budget() -> None:
-    b = budget()
-    assert b.limit == 8192 - 2048 - 100
-    assert (b.prepare_tokens, b.compact_tokens, b.target_tokens) == (
-        int(b.limit * 0.6),
-        int(b.limit * 0.85),
-        int(b.limit * 0.45),
-    )
-    assert b.status(b.prepare_tokens - 1) == "ok"
-    assert b.status(b.prepare_tokens) == "prepare"
-    assert b.status(b.compact_tokens) == "compact"
-    assert budget(window=100, request_max_tokens=500).limit == 0
-
-
-@pytest.mark.parametrize(
-    "changes",
-    [{"target": 0.9}, {"compact_at": 1.5}, {"prepare_at": 0}, {"window": -1}, {"target": 0}],
-)
-def test_budget_rejects_nonsense(changes: dict) -> None:
-    with pytest.raises(ValueError):
-        budget(**changes)
 
 
 # --- counting of media ----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The compaction layers, cheapest first, and their registry for configuration.
 
-A layer is a function `(messages, plan, ctx, params) -> (plan, decisions)` (summarize
-awaits its summarizer, so it is a coroutine function); `params` is the layer's frozen
+A layer is `async def layer(draft: Draft, params: P) -> str`: it changes the draft of the
+plan (the pipeline makes the draft and turns it into the new plan and a Decision) and returns
+what the decision should say, "" when there is nothing to say. `params` is the layer's frozen
 dataclass, whose fields are what a policy may configure. A policy's layers are LayerSpecs,
 (name, params) pairs.
 """
@@ -10,25 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
-from policies.decision import Decision
+from policies.draft import Draft
 from policies.layers.clear_tool_results import ClearToolResultsParams, clear_tool_results
 from policies.layers.drop_tool_blocks import DropToolBlocksParams, drop_tool_blocks
 from policies.layers.summarize import SummarizeParams, summarize
 from policies.layers.trim_head import TrimHeadParams, trim_head
 from policies.layers.truncate_tool_fields import TruncateToolFieldsParams, truncate_tool_fields
-from policies.plan import Plan
 
-Outcome = tuple[Plan, list[Decision]]
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
-class Layer:
+class Layer(Generic[P]):
     """A registered layer: its function and the dataclass of its parameters."""
 
-    run: Callable[..., Outcome | Awaitable[Outcome]]
-    params: type[Any]
+    run: Callable[[Draft, P], Awaitable[str]]
+    params: type[P]
 
 
 class LayerSpec(NamedTuple):
@@ -38,7 +38,7 @@ class LayerSpec(NamedTuple):
     params: Any
 
 
-LAYERS: Mapping[str, Layer] = {
+LAYERS: Mapping[str, Layer[Any]] = {
     "clear_tool_results": Layer(clear_tool_results, ClearToolResultsParams),
     "truncate_tool_fields": Layer(truncate_tool_fields, TruncateToolFieldsParams),
     "drop_tool_blocks": Layer(drop_tool_blocks, DropToolBlocksParams),

@@ -1,20 +1,17 @@
 """clear_tool_results: old tool results, and large old images and documents, become placeholders.
 
-Seed 004's MicroCompact. The oldest go first, until the view is at the target; the newest
-`keep_last` results before the current turn and the current turn's are kept.
+The oldest go first, until the view is at the target; the newest `keep_last` results before
+the current turn and the current turn's are kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.context import Context
 from policies.counting import media_tokens
-from policies.decision import Decision
 from policies.draft import Draft
 from policies.message import Message
-from policies.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -31,10 +28,8 @@ class ClearToolResultsParams:
             raise ValueError("keep_last and media_max_tokens must not be negative")
 
 
-def clear_tool_results(
-    messages: Sequence[Message], plan: Plan, ctx: Context, params: ClearToolResultsParams
-) -> tuple[Plan, list[Decision]]:
-    draft = Draft(messages, plan, ctx)
+async def clear_tool_results(draft: Draft, params: ClearToolResultsParams) -> str:
+    ctx = draft.ctx
     results = [p for p in range(len(ctx.chain)) if _is_tool(ctx.chain[p]) and not ctx.in_turn(p)]
     kept = set(results[len(results) - params.keep_last :] if params.keep_last else ())
     counts = {"results": 0, "media": 0}
@@ -48,8 +43,7 @@ def clear_tool_results(
         if edit is not message and ctx.counter.message(edit) < draft.tokens_at(position):
             draft.set(position, edit)
             counts[kind] += 1
-    detail = f"{counts['results']} results, {counts['media']} messages with media"
-    return draft.outcome("clear_tool_results", detail)
+    return f"{counts['results']} results, {counts['media']} messages with media"
 
 
 def _is_tool(message: Message) -> bool:

@@ -1,20 +1,16 @@
 """drop_tool_blocks: old tool blocks are removed whole, the call with all its results.
 
-Seed 000. The newest `keep_last` blocks before the current turn are kept; older ones go,
-oldest first, until the view is at the target. In the protected part an assistant message's
-own text survives its block, as a plain assistant message.
+The newest `keep_last` blocks before the current turn are kept; older ones go, oldest first,
+until the view is at the target. In the protected part an assistant message's own text
+survives its block, as a plain assistant message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.context import Context
-from policies.decision import Decision
 from policies.draft import Draft
 from policies.message import Message, content_text, tool_calls
-from policies.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -26,10 +22,8 @@ class DropToolBlocksParams:
             raise ValueError("keep_last must not be negative")
 
 
-def drop_tool_blocks(
-    messages: Sequence[Message], plan: Plan, ctx: Context, params: DropToolBlocksParams
-) -> tuple[Plan, list[Decision]]:
-    draft = Draft(messages, plan, ctx)
+async def drop_tool_blocks(draft: Draft, params: DropToolBlocksParams) -> str:
+    ctx = draft.ctx
     blocks = [b for b in ctx.blocks if not ctx.in_turn(b.start)]
     dropped = 0
     for block in blocks[: max(0, len(blocks) - params.keep_last)]:
@@ -41,7 +35,7 @@ def drop_tool_blocks(
         for position, message in draft.candidates(block):
             draft.set(position, _text_only(message) if position >= ctx.protected_start else None)
         dropped += 1
-    return draft.outcome("drop_tool_blocks", f"{dropped} blocks")
+    return f"{dropped} blocks"
 
 
 def _text_only(message: Message) -> Message | None:

@@ -9,15 +9,12 @@ the mechanical digest takes the summary's place, marked as a digest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.context import Context
-from policies.decision import Decision
 from policies.digest import digest
 from policies.draft import Draft
-from policies.message import Message, media_as_labels
-from policies.plan import Plan
+from policies.message import media_as_labels
 from policies.summary import Summary, SummaryRequest
 
 OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower than ours
@@ -35,13 +32,11 @@ class SummarizeParams:
             raise ValueError("input_share and target_share must be in (0, 1]")
 
 
-async def summarize(
-    messages: Sequence[Message], plan: Plan, ctx: Context, params: SummarizeParams
-) -> tuple[Plan, list[Decision]]:
-    draft = Draft(messages, plan, ctx)
+async def summarize(draft: Draft, params: SummarizeParams) -> str:
+    ctx = draft.ctx
     cut = choose_cut(draft, params) if draft.over() else draft.cut
     if cut <= draft.cut:
-        return plan, []
+        return ""
     positions = range(draft.cut, cut)
     kept = [(p, m) for p in positions if (m := draft.current(p)) is not None]
     summary, detail = draft.summary, "only dropped messages evicted"
@@ -59,7 +54,7 @@ async def summarize(
         )
         summary, detail = await _summary(request, ctx)
     draft.evict(cut, summary)
-    return draft.outcome("summarize", detail)
+    return detail
 
 
 def output_cap(input_tokens: int, ctx: Context, params: SummarizeParams) -> int:

@@ -1,21 +1,17 @@
 """trim_head: the emergency layer; the oldest messages go until the view fits.
 
-Seeds 001, 003 and 004. Messages are dropped oldest first, a tool block always whole, the
-protected part included; the system messages, the current turn and the header stay. When
-the view is still over, the summary is shortened and then the anchor block capped: to the
-target when the system messages and the current turn fit in it, else to the limit.
+Messages are dropped oldest first, a tool block always whole, the protected part included;
+the system messages, the current turn and the header stay. When the view is still over, the
+summary is shortened and then the anchor block capped: to the target when the system
+messages and the current turn fit in it, else to the limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.context import Context
-from policies.decision import Decision
 from policies.draft import Draft
-from policies.message import Message
-from policies.plan import Plan
 from policies.summary import Summary
 
 SHORTENED = "[summary shortened to fit the context window]"
@@ -30,10 +26,8 @@ class TrimHeadParams:
             raise ValueError("min_summary_tokens must not be negative")
 
 
-def trim_head(
-    messages: Sequence[Message], plan: Plan, ctx: Context, params: TrimHeadParams
-) -> tuple[Plan, list[Decision]]:
-    draft = Draft(messages, plan, ctx)
+async def trim_head(draft: Draft, params: TrimHeadParams) -> str:
+    ctx = draft.ctx
     for unit in _units(draft):
         if not draft.over():
             break
@@ -54,7 +48,7 @@ def trim_head(
         draft.finish()
         if draft.over(goal):
             draft.cap_anchors(0)
-    return draft.outcome("trim_head", ", ".join(notes))
+    return ", ".join(notes)
 
 
 def _units(draft: Draft) -> list[range]:

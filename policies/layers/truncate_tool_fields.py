@@ -1,6 +1,6 @@
 """truncate_tool_fields: long tool-call arguments and tool results keep only their beginning.
 
-Seed 000. A field over its threshold keeps its first `keep_tokens` tokens, then a newline and
+A field over its threshold keeps its first `keep_tokens` tokens, then a newline and
 the marker, e.g. `[TRUNCATED original~812 tokens]`. The oldest go first, until the view is at
 the target; the current turn is never touched.
 
@@ -16,16 +16,12 @@ client executes a call from the history again, so only what the model reads chan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.context import Context
 from policies.counting import Counter
-from policies.decision import Decision
 from policies.draft import Draft
-from policies.message import Message, call_arguments, call_function, content_text, tool_calls
-from policies.plan import Plan
+from policies.message import call_arguments, call_function, content_text, tool_calls
 
 
 @dataclass(frozen=True)
@@ -42,10 +38,8 @@ class TruncateToolFieldsParams:
             raise ValueError("keep_tokens must be below both thresholds")
 
 
-def truncate_tool_fields(
-    messages: Sequence[Message], plan: Plan, ctx: Context, params: TruncateToolFieldsParams
-) -> tuple[Plan, list[Decision]]:
-    draft = Draft(messages, plan, ctx)
+async def truncate_tool_fields(draft: Draft, params: TruncateToolFieldsParams) -> str:
+    ctx = draft.ctx
     counts = {"arguments": 0, "results": 0}
     smallest = min(params.arguments_max_tokens, params.result_max_tokens)
     for position, message in draft.candidates(range(draft.cut, len(ctx.chain))):
@@ -70,8 +64,7 @@ def truncate_tool_fields(
                 )
         if edit is not message:
             draft.set(position, edit)
-    detail = f"{counts['arguments']} arguments, {counts['results']} results"
-    return draft.outcome("truncate_tool_fields", detail)
+    return f"{counts['arguments']} arguments, {counts['results']} results"
 
 
 def _call(

@@ -1,8 +1,9 @@
 """Turning plain YAML data into typed, frozen dataclasses, with errors that name the key.
 
-One converter serves every section of the config (and the compaction layers' parameter
-dataclasses in `policies/`): it reads the dataclass fields and their type hints, so a new
-setting is a new field with a default, and nothing else.
+One converter serves every section of the config (and the engine's `policies.Policy` and
+layer parameters): it reads the dataclass fields and their type hints, so a new setting is a
+new field with a default, and nothing else. A field with `metadata={"flat": True}` holds a
+dataclass whose keys sit in the parent's mapping (a policy's compaction keys, say).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from ..errors import ProxyError
+
 T = TypeVar("T")
 Path = tuple[str | int, ...]
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-class ConfigError(Exception):
+class ConfigError(ProxyError):
     """The configuration is invalid; `problems` lists every finding, one line each."""
 
     def __init__(self, problems: list[str]):
@@ -95,11 +98,13 @@ Hook = Callable[[Any, Path, Source], Any]
 
 
 def build(cls: type[T], data: Any, path: Path, source: Source, hooks: Mapping[str, Hook]) -> T:
-    """Build dataclass `cls` from a mapping; unknown keys and bad values become problems.
+    """Build dataclass `cls` from a mapping; unknown keys, bad values and the ValueError of
+    its constructor (the rules it checks itself) become problems at `path`.
 
     `hooks` maps a field name to a custom converter, for the few fields whose type alone
     does not say how to read them.
     """
+    known_problems = len(source.problems)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -107,13 +112,19 @@ def build(cls: type[T], data: Any, path: Path, source: Source, hooks: Mapping[st
         data = {}
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    flat = {name: hints[name] for name, f in fields.items() if f.metadata.get("flat")}
+    owner = {key: name for name, hint in flat.items() for key in _keys(hint)}
+    known = _keys(cls) - set(flat) | set(owner)
     for key in data:
-        if key not in fields or not fields[key].init:
-            known = ", ".join(sorted(n for n, f in fields.items() if f.init))
-            source.problem((*path, str(key)), f"unknown key (known keys: {known})")
+        if key not in known:
+            listed = ", ".join(sorted(known))
+            source.problem((*path, str(key)), f"unknown key (known keys: {listed})")
     values: dict[str, Any] = {}
+    for name, hint in flat.items():
+        own = {key: value for key, value in data.items() if owner.get(key) == name}
+        values[name] = build(hint, own, path, source, hooks)
     for name, field in fields.items():
-        if not field.init or name not in data:
+        if not field.init or name not in data or name in flat:
             continue
         sub = (*path, name)
         if name in hooks:
@@ -131,8 +142,9 @@ def build(cls: type[T], data: Any, path: Path, source: Source, hooks: Mapping[st
     for name in missing:
         if name not in data:
             source.problem((*path, name), "is required")
-    if source.problems:
-        # Defaults stand in for broken values so that every problem is reported in one run.
+    if len(source.problems) > known_problems:
+        # Some of its values are broken: defaults stand in for them, so that every other
+        # problem is still reported in this run, but its own rules are not judged on them.
         try:
             return cls(**values)
         except Exception:
@@ -153,11 +165,10 @@ def convert(hint: Any, value: Any, path: Path, source: Source, hooks: Mapping[st
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
             return convert(options[0], value, path, source, hooks)
+        # The option of the value's shape, so that its own problems are the ones reported.
         for option in options:
-            trial = Source(source.name, source.lines)
-            result = convert(option, value, path, trial, hooks)
-            if not trial.problems:
-                return result
+            if isinstance(value, _shape(option)):
+                return convert(option, value, path, source, hooks)
         source.problem(path, f"expected {_hint_name(hint)}, got {_kind(value)}")
         return None
     if origin is Literal:
@@ -175,6 +186,9 @@ def convert(hint: Any, value: Any, path: Path, source: Source, hooks: Mapping[st
         if not isinstance(value, dict):
             source.problem(path, f"expected a mapping, got {_kind(value)}")
             return {}
+        if typing.get_origin(args[0]) is Literal:
+            for key in value:
+                convert(args[0], key, (*path, str(key)), source, hooks)
         return {
             str(k): convert(args[1], v, (*path, str(k)), source, hooks) for k, v in value.items()
         }
@@ -200,7 +214,21 @@ def convert(hint: Any, value: Any, path: Path, source: Source, hooks: Mapping[st
         return interpolate(value, path, source)
     if hint is Any:
         return value
-    raise TypeError(f"settings: no converter for {hint!r}")
+    raise TypeError(f"config decoder: no converter for {hint!r}")
+
+
+def _keys(cls: Any) -> set[str]:
+    """The keys a dataclass reads: its fields that are set through its constructor."""
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def _shape(hint: Any) -> type | tuple[type, ...]:
+    """The Python type(s) of YAML data that `hint` is read from."""
+    origin = typing.get_origin(hint) or hint
+    if origin is dict or dataclasses.is_dataclass(origin):
+        return dict
+    shapes: dict[Any, type | tuple[type, ...]] = {tuple: list, float: (int, float)}
+    return shapes.get(origin, origin if isinstance(origin, type) else object)
 
 
 def _kind(value: Any) -> str:
@@ -211,4 +239,7 @@ def _kind(value: Any) -> str:
 
 
 def _hint_name(hint: Any) -> str:
-    return " or ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(hint))
+    names: dict[object, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    names |= {int: "an integer", (int, float): "a number", bool: "true or false"}
+    shapes = [_shape(a) for a in typing.get_args(hint) if a is not type(None)]
+    return " or ".join(names.get(shape, str(shape)) for shape in shapes)

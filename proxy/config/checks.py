@@ -1,0 +1,157 @@
+"""The rules of a config that its types cannot say, each once and naming its key: ranges and
+URL forms, names that must exist, which upstreams serve which wire formats, no open relay.
+
+The engine's policy checks its own rules (`policies.Policy`); the decoder reports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from .decoder import Path, Source
+from .schema import DIALECTS, Config
+
+Problem = Callable[[Path, str], None]
+
+_DB_PATH = re.compile(r"(/[0-9]*)?")
+
+
+def check(config: Config, source: Source) -> None:
+    """Note every rule `config` breaks in `source`."""
+    p = source.problem
+    _check_upstreams(config, p)
+    _check_listen_and_store(config, p)
+    for i, override in enumerate(config.models):
+        if override.upstream is not None and override.upstream not in config.upstreams:
+            p(("models", i, "upstream"), f"names no upstream: {override.upstream!r}")
+        if override.context_window is not None and override.context_window < 256:
+            p(("models", i, "context_window"), "must be at least 256")
+    for name, policy in config.policies.items():
+        summarizer = policy.summarizer.upstream
+        if summarizer is not None and summarizer not in config.upstreams:
+            p(("policies", name, "summarizer", "upstream"), f"names no upstream: {summarizer!r}")
+    if config.default_policy not in config.policies:
+        p(("default_policy",), f"names no policy: {config.default_policy!r}")
+    _check_routes(config, p)
+    for i, key in enumerate(config.auth.keys):
+        if len(key.sha256) != 64 or any(c not in "0123456789abcdef" for c in key.sha256):
+            p(("auth", "keys", i, "sha256"), "must be 64 lowercase hex characters")
+    _check_open_relay(config, p)
+
+
+def _check_upstreams(config: Config, p: Problem) -> None:
+    if not config.upstreams:
+        p(("upstreams",), "at least one upstream is required")
+    for name, upstream in config.upstreams.items():
+        parts = urlsplit(upstream.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            p(("upstreams", name, "base_url"), "must be an http:// or https:// URL")
+        for field in dataclasses.fields(upstream.timeouts):
+            if getattr(upstream.timeouts, field.name) <= 0:
+                p(("upstreams", name, "timeouts", field.name), "must be positive")
+    if isinstance(config.default_upstream, str):
+        if config.default_upstream not in config.upstreams:
+            p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")
+        return
+    for dialect, name in config.default_upstream.items():
+        where = ("default_upstream", dialect)
+        if name not in config.upstreams:
+            p(where, f"names no upstream: {name!r}")
+        elif not config.upstreams[name].serves(dialect):
+            p(where, f"{_serving(config, name)}, not {dialect}")
+
+
+def _check_listen_and_store(config: Config, p: Problem) -> None:
+    if not 1 <= config.listen.port <= 65535:
+        p(("listen", "port"), "must be between 1 and 65535")
+    if config.listen.max_body_bytes < 1024:
+        p(("listen", "max_body_bytes"), "must be at least 1024")
+    problem = _store_url_problem(config.store.url)
+    if problem:
+        p(("store", "url"), problem)
+    if config.store.ttl_seconds <= 0:
+        p(("store", "ttl_seconds"), "must be positive")
+    if config.store.timeout_seconds <= 0:
+        p(("store", "timeout_seconds"), "must be positive")
+    if not config.store.key_prefix or {"{", "}"} & set(config.store.key_prefix):
+        # Braces would break the Redis Cluster hash tag that keeps a session's keys together.
+        p(("store", "key_prefix"), "must be non-empty and without braces")
+    if config.default_context_window < 256:
+        p(("default_context_window",), "must be at least 256")
+
+
+def _store_url_problem(url: str) -> str | None:
+    """What is wrong with a store URL, if anything (never quoting it: it may hold a password)."""
+    if not url.startswith(("memory://", "redis://", "rediss://")):
+        return "must start with memory://, redis:// or rediss://"
+    if url.startswith("memory://"):
+        return None if url.rstrip("/") == "memory:" else "memory:// takes no host, path or options"
+    parts = urlsplit(url)
+    if not _DB_PATH.fullmatch(parts.path):
+        return "the path must be a database number, as in redis://host/0"
+    try:
+        parts.port  # noqa: B018 (parsing the port is the check)
+    except ValueError:
+        return "the port must be a number from 0 to 65535"
+    return None
+
+
+def _check_routes(config: Config, p: Problem) -> None:
+    for i, route in enumerate(config.routes):
+        if route.policy not in config.policies:
+            p(("routes", i, "policy"), f"names no policy: {route.policy!r}")
+        if route.dialects is not None and not route.dialects:
+            p(("routes", i, "dialects"), "names no dialect (leave it out for every dialect)")
+        if route.upstream is None:
+            continue
+        if route.upstream not in config.upstreams:
+            p(("routes", i, "upstream"), f"names no upstream: {route.upstream!r}")
+            continue
+        dialects = route.dialects or DIALECTS
+        if not any(config.upstreams[route.upstream].serves(d) for d in dialects):
+            p(
+                ("routes", i, "upstream"),
+                f"{_serving(config, route.upstream)}, none of the route's dialects "
+                f"({', '.join(dialects)})",
+            )
+
+
+def _serving(config: Config, name: str) -> str:
+    upstream = config.upstreams[name]
+    return (
+        f"upstream {name!r} is of kind {upstream.kind}, which serves {', '.join(upstream.dialects)}"
+    )
+
+
+def _check_open_relay(config: Config, p: Problem) -> None:
+    holds_key = [n for n, u in config.upstreams.items() if u.api_key]
+    if config.auth.keys and config.auth.header.lower() == "authorization":
+        passthrough = [n for n, u in config.upstreams.items() if not u.api_key]
+        if passthrough:
+            p(
+                ("auth", "header"),
+                "clients present their proxy key in Authorization, so upstreams without an "
+                f"api_key ({', '.join(passthrough)}) would get no credential: give them an "
+                "api_key or set auth.header to another header (e.g. X-Proxy-Key)",
+            )
+    open_relay = holds_key and not config.auth.keys and not config.auth.allow_unauthenticated
+    if open_relay and not _is_loopback(config.listen.host):
+        p(
+            ("auth",),
+            f"upstreams {', '.join(holds_key)} hold their own api_key and the proxy listens "
+            f"on {config.listen.host}: anyone who reaches it would spend that key. Configure "
+            "auth.keys, listen on 127.0.0.1, or set auth.allow_unauthenticated: true",
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

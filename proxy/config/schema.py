@@ -1,0 +1,245 @@
+"""The configuration as plain, typed, frozen objects, and how a request is routed by it.
+
+Every key is documented in docs/config.md; the rules no type can say are in `checks.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit, urlunsplit
+
+import policies
+
+from ..errors import ProxyError
+
+Dialect = Literal["chat", "responses", "messages"]
+"""A wire format the proxy accepts: chat completions (/v1/chat/completions), the Responses
+API (/v1/responses) or Anthropic Messages (/v1/messages)."""
+DIALECTS: tuple[str, ...] = get_args(Dialect)
+
+Kind = Literal["openai", "anthropic"]
+
+# The wire formats each kind of upstream serves. litellm is not a configurable kind yet.
+DIALECTS_BY_KIND: Mapping[str, tuple[Dialect, ...]] = {
+    "openai": ("chat", "responses"),
+    "anthropic": ("messages",),
+    "litellm": ("chat",),
+}
+
+
+class NoRoute(ProxyError):
+    """No configured upstream serves this request's wire format for its model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    url: str = "memory://"
+    ttl_seconds: int = 24 * 3600
+    key_prefix: str = "cp"
+    timeout_seconds: float = 0.5
+    fail_open: bool = True
+    max_sessions: int = 100_000
+    max_branches: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Sessions:
+    header: str = "X-Session-Id"
+    policy_header: str = "X-Compaction-Policy"
+
+
+@dataclasses.dataclass(frozen=True)
+class InboundKey:
+    id: str
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Auth:
+    keys: tuple[InboundKey, ...] = ()
+    header: str = "Authorization"
+    allow_unauthenticated: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+    connect: float = 10.0
+    first_byte: float = 300.0
+    stream_idle: float = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Upstream:
+    base_url: str
+    kind: Kind = "openai"
+    api_key: str | None = None
+    timeouts: Timeouts = Timeouts()
+    name: str = dataclasses.field(default="", init=False)
+
+    @property
+    def dialects(self) -> tuple[Dialect, ...]:
+        """The wire formats it serves."""
+        return DIALECTS_BY_KIND[self.kind]
+
+    def serves(self, dialect: str) -> bool:
+        return dialect in self.dialects
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOverride:
+    match: str
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    upstream: str | None = None
+    counting: Literal["auto", "exact", "estimate"] = "auto"
+    encoding: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Summarizer:
+    upstream: str | None = None
+    model: str | None = None
+    timeout_seconds: float = 30.0
+    retries: int = 2
+    cooldown_seconds: float = 8.0
+    temperature: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A named policy: the engine's policy (levels, protection, anchors, layers) and the
+    summarizer that writes its summaries. In the file the engine's keys sit flat in it."""
+
+    summarizer: Summarizer = Summarizer()
+    compaction: policies.Policy = dataclasses.field(
+        default_factory=policies.Policy, metadata={"flat": True}
+    )
+    name: str = dataclasses.field(default="", init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    policy: str
+    model: str = "*"
+    policy_header: str | None = None
+    upstream: str | None = None
+    dialects: tuple[Dialect, ...] | None = None  # None: every dialect
+
+    def matches(self, dialect: str, model: str, policy_header: str | None) -> bool:
+        if self.policy_header is not None and self.policy_header != policy_header:
+            return False
+        if self.dialects is not None and dialect not in self.dialects:
+            return False
+        return fnmatch.fnmatchcase(model, self.model)
+
+
+@dataclasses.dataclass(frozen=True)
+class Admin:
+    token: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Logging:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "text"] = "json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    upstreams: dict[str, Upstream]
+    listen: Listen = Listen()
+    store: Store = Store()
+    sessions: Sessions = Sessions()
+    auth: Auth = Auth()
+    # An upstream name for every dialect it serves, or a mapping of dialects to names.
+    default_upstream: str | dict[Dialect, str] = ""
+    default_context_window: int = 8192
+    models: tuple[ModelOverride, ...] = ()
+    policies: dict[str, Policy] = dataclasses.field(
+        default_factory=lambda: {"default": named(Policy(), "default")}
+    )
+    default_policy: str = "default"
+    routes: tuple[Route, ...] = ()
+    admin: Admin = Admin()
+    logging: Logging = Logging()
+
+    def model(self, model: str) -> ModelOverride | None:
+        """The first per-model override whose glob matches `model`."""
+        for override in self.models:
+            if fnmatch.fnmatchcase(model, override.match):
+                return override
+        return None
+
+    def default_upstream_for(self, dialect: str) -> str | None:
+        """The name of the default upstream of `dialect`, if one is configured."""
+        if isinstance(self.default_upstream, str):
+            return self.default_upstream or None
+        return next((n for d, n in self.default_upstream.items() if d == dialect), None)
+
+    def route(self, dialect: str, model: str, policy_header: str | None) -> tuple[Policy, Upstream]:
+        """The policy and upstream for a request in `dialect`: the first matching route whose
+        upstream serves the dialect, else the default policy. A route without an upstream,
+        like the default, takes the model's upstream, else the dialect's default one.
+
+        NoRoute when the upstream chosen that way cannot serve the dialect.
+        """
+        override = self.model(model)
+        fallback = (override and override.upstream) or self.default_upstream_for(dialect)
+        for route in self.routes:
+            if not route.matches(dialect, model, policy_header):
+                continue
+            upstream = self.upstreams.get(route.upstream or fallback or "")
+            if upstream is not None and upstream.serves(dialect):
+                return self.policies[route.policy], upstream
+        if not fallback:
+            raise NoRoute(f"no upstream is configured for {dialect} requests")
+        upstream = self.upstreams[fallback]
+        if not upstream.serves(dialect):
+            # Said to the client: the upstream's kind, never its name.
+            raise NoRoute(
+                f"no upstream serves {dialect} requests for model {model!r}: its upstream is "
+                f"of kind {upstream.kind}, which serves {', '.join(upstream.dialects)}"
+            )
+        return self.policies[self.default_policy], upstream
+
+    def masked(self) -> dict[str, Any]:
+        """The resolved config as plain data laid out as in the file, every secret '***'."""
+        data = dataclasses.asdict(self)
+        for upstream in data["upstreams"].values():
+            if upstream["api_key"]:
+                upstream["api_key"] = "***"
+        if data["admin"]["token"]:
+            data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
+        data["store"]["url"] = _mask_url(data["store"]["url"])
+        for policy in data["policies"].values():
+            policy.update(policy.pop("compaction"))
+            # A layer is a mapping of its name to its parameters.
+            policy["layers"] = [{name: params} for name, params in policy["layers"]]
+        return data
+
+
+def named(obj: Any, name: str) -> Any:
+    """`obj` (an Upstream or a Policy) with its name, which is its key in the config."""
+    object.__setattr__(obj, "name", name)
+    return obj
+
+
+def _mask_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    user = f"{parts.username}:" if parts.username else ":"
+    return urlunsplit(parts._replace(netloc=f"{user}***@{host}"))

@@ -1,0 +1,19 @@
+"""The wire formats the proxy accepts, each a `Dialect` of the one compaction engine.
+
+A new wire format is one new module here with a `Dialect` subclass, added to `DIALECTS`.
+"""
+
+from ..config import DIALECTS_BY_KIND
+from .base import Dialect, Entries, Parsed, Usage
+from .chat import Chat
+
+DIALECTS: tuple[Dialect, ...] = (Chat(),)
+_BY_NAME = {dialect.name: dialect for dialect in DIALECTS}
+
+
+def dialect_of_kind(kind: str) -> Dialect:
+    """The main wire format of an upstream kind (what the proxy's own calls to it speak)."""
+    return _BY_NAME[DIALECTS_BY_KIND[kind][0]]
+
+
+__all__ = ["DIALECTS", "Dialect", "Entries", "Parsed", "Usage", "dialect_of_kind"]

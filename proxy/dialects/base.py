@@ -1,0 +1,139 @@
+"""What a wire format (a *dialect*) must tell the request path, and nothing else does.
+
+The engine (`policies/`) works on one canonical conversation: OpenAI-chat-like messages
+(system / user / assistant with `tool_calls` / tool). A dialect turns a client's request into
+that conversation plus a map back to its own native items, and turns a compacted view back
+into a request body, leaving every untouched native item exactly as the client sent it.
+Sessions, plans, layers, summaries, headers and metrics are the same for every dialect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from policies import Message
+
+from ..errors import APIError
+from ..tokens import TokenCounter
+
+Entries = Sequence[tuple[int | None, Message]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Parsed:
+    """One client request, read and checked by its dialect.
+
+    `messages` is the canonical conversation; canonical message `i` stands for the native
+    items `items[spans[i]]`, or for `items[i]` alone when `spans` is None (chat completions;
+    for the Responses API a function call and the reasoning item before it, say).
+    """
+
+    raw: bytes
+    body: dict[str, Any]
+    model: str
+    messages: list[Message]
+    items: Sequence[Any]
+    spans: Sequence[slice] | None
+    stream: bool
+    max_output: int | None
+
+    def native(self, index: int) -> Sequence[Any]:
+        """The native items canonical message `index` stands for."""
+        if self.spans is None:
+            return self.items[index : index + 1]
+        return self.items[self.spans[index]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """The upstream's own count of the prompt it was sent, from its response."""
+
+    prompt_tokens: int
+    cached_tokens: int | None = None
+
+
+class Dialect(ABC):
+    """One wire format: `/v1/chat/completions`, `/v1/responses`, `/v1/messages`."""
+
+    name: ClassVar[str]  # as config routes name it: chat, responses, messages
+    path: ClassVar[str]  # the inbound path
+    upstream_path: ClassVar[str]  # relative to the upstream's base URL
+
+    @abstractmethod
+    def parse(self, raw: bytes) -> Parsed:
+        """The request, checked just enough for compaction; InvalidRequest otherwise."""
+
+    @abstractmethod
+    def error_body(self, error: APIError) -> bytes:
+        """The proxy's own error in this API's error shape."""
+
+    @abstractmethod
+    def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
+        """The session id the client itself names (its own header or body field), if any."""
+
+    @abstractmethod
+    def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:
+        """Tokens of the prompt outside the conversation (tools, instructions, priming)."""
+
+    @abstractmethod
+    def summary_items(self, header: Message) -> list[Any]:
+        """The native form of the engine's summary / anchor block message."""
+
+    @abstractmethod
+    def edited_items(self, items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
+        """The native items of a canonical message that a layer edited."""
+
+    @abstractmethod
+    def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
+        """The request body with its conversation replaced by `items`."""
+
+    @abstractmethod
+    def wants_usage(self, parsed: Parsed) -> bool:
+        """Whether the client asked for usage (the proxy never adds what was not asked)."""
+
+    @abstractmethod
+    def usage(self, payload: bytes) -> Usage | None:
+        """Usage from a whole (non-streamed) response body."""
+
+    @abstractmethod
+    def stream_usage(self, tail: bytes) -> Usage | None:
+        """Usage from the last bytes of a streamed response."""
+
+    @abstractmethod
+    def is_overflow(self, status: int, payload: bytes) -> bool:
+        """Whether an upstream error says the prompt is over the context window."""
+
+    @abstractmethod
+    def summary_body(
+        self, model: str, system: str, prompt: str, max_tokens: int, temperature: float
+    ) -> bytes:
+        """A request for a summary: `system` as the instructions, `prompt` as the user's turn,
+        at most `max_tokens` of summary, non-streamed."""
+
+    @abstractmethod
+    def summary_text(self, payload: bytes) -> str:
+        """The summary in a successful answer; SummaryFailed("overlong") when it was cut off
+        (a summary that lost its end lost its last sections)."""
+
+    def stream_overflow(self, head: bytes) -> bool | None:
+        """Whether the first bytes of a streamed 200 answer say the prompt is over the window,
+        for APIs that report it inside the stream (None: not known yet). Others never do."""
+        return False
+
+    def render(self, parsed: Parsed, entries: Entries) -> bytes:
+        """The body that forwards the view `entries` (from `policies.render_entries`)."""
+        items: list[Any] = []
+        for index, message in entries:
+            if index is None:
+                items += self.summary_items(message)
+                continue
+            native = parsed.native(index)
+            original = parsed.messages[index]
+            if message is original:
+                items += native
+            else:
+                items += self.edited_items(native, original, message)
+        return self.body_with(parsed, items)

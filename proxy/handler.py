@@ -1,0 +1,246 @@
+"""The request path, the same for every wire format (dialect).
+
+Read, identify (tenant, session), route, compact (proxy.compactor), forward, relay the answer
+unchanged. Before any byte has gone to the client, an upstream answer that says the prompt is
+over the window is retried once, compacted harder (the reactive path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from .compactor import Compactor, Forward
+from .config import Config, NoRoute, Upstream
+from .dialects import Dialect, Parsed, Usage
+from .errors import InvalidRequest, StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from .metrics import Metrics
+from .requests import query_string, read_body
+from .sessions import session_id
+from .streaming import Relay
+from .tenants import Tenants
+from .turn import ClientRequest
+from .upstream import UpstreamClient, body_chunks, relayable
+from .upstream import read_body as read_upstream_body
+
+log = logging.getLogger("compaction_proxy")
+
+# Where clients put their upstream credential: OpenAI, Azure, Anthropic.
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+_SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
+
+
+class Handler:
+    """`POST` of one dialect's path."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: Config,
+        tenants: Tenants,
+        own_headers: frozenset[str],
+        client: UpstreamClient,
+        compactor: Compactor,
+        metrics: Metrics,
+    ) -> None:
+        self.dialect = dialect
+        self.config = config
+        self.tenants = tenants
+        self.client = client
+        self.compactor = compactor
+        self.metrics = metrics
+        # The upstream is asked for an identity body so that `usage` can be read on the way
+        # while the bytes are relayed unchanged.
+        self.drop_headers = own_headers | {"accept-encoding"}
+
+    async def __call__(self, request: Request) -> ASGIApp:
+        started = time.perf_counter()
+        headers = request.headers
+        tenant = self.tenants.tenant(headers)
+        raw = await read_body(request, self.config.listen.max_body_bytes)
+        parsed = self.dialect.parse(raw)
+        sessions = self.config.sessions
+        try:
+            policy, upstream = self.config.route(
+                self.dialect.name, parsed.model, headers.get(sessions.policy_header)
+            )
+        except NoRoute as exc:
+            raise InvalidRequest(str(exc), param="model") from None
+        client_request = ClientRequest(
+            dialect=self.dialect,
+            parsed=parsed,
+            tenant=tenant,
+            session=session_id(
+                headers.get(sessions.header),
+                self.dialect.session_hint(headers, parsed),
+                parsed.messages,
+            ),
+            policy=policy,
+            upstream=upstream,
+            credentials=tuple(
+                (name, value)
+                for name, value in headers.items()
+                if name in CREDENTIAL_HEADERS and name not in self.drop_headers
+            ),
+        )
+        forward = await self.compactor.prepare(client_request)
+        send_headers = relayable(headers.items(), self.drop_headers)
+        send_headers.append(("Accept-Encoding", "identity"))
+        query = query_string(request)
+        path = self.dialect.upstream_path
+        overhead = time.perf_counter() - started
+        self.metrics.overhead.observe(overhead)
+
+        sent = time.perf_counter()
+        response = await self.client.open(upstream, "POST", path, query, send_headers, forward.body)
+        head = b""
+        if response.status >= 400 and forward.can_retry:
+            error = await read_upstream_body(response, upstream.timeouts.stream_idle)
+            if not self.dialect.is_overflow(response.status, error):
+                return self._finish(client_request, forward, response, error, overhead)
+            overflow = True
+        elif parsed.stream and response.status == 200 and forward.can_retry:
+            head, overflow = await self._stream_head(response, upstream)
+        else:
+            overflow = False
+        if overflow:
+            # Reactive path: the counter under-estimated; compact harder and retry once,
+            # before any byte has gone to the client.
+            response.close()
+            head = b""
+            forward = await self.compactor.retry_harder(client_request, forward)
+            response = await self.client.open(
+                upstream, "POST", path, query, send_headers, forward.body
+            )
+        self.metrics.upstream_latency.observe(time.perf_counter() - sent)
+
+        if parsed.stream and response.status == 200:
+            return self._relay(client_request, forward, response, head, overhead)
+        try:
+            payload = await read_upstream_body(response, upstream.timeouts.stream_idle)
+        except StreamBroken as exc:
+            self.metrics.upstream_errors.labels("broken_body").inc()
+            raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
+        return self._finish(client_request, forward, response, payload, overhead)
+
+    def _headers(
+        self, forward: Forward, response: aiohttp.ClientResponse, overhead: float
+    ) -> list[tuple[str, str]]:
+        headers = relayable(response.headers.items())
+        headers += forward.headers()
+        headers.append(("x-compaction-overhead-ms", f"{overhead * 1000:.2f}"))
+        return headers
+
+    def _finish(
+        self,
+        request: ClientRequest,
+        forward: Forward,
+        response: aiohttp.ClientResponse,
+        payload: bytes,
+        overhead: float,
+    ) -> Response:
+        response.release()
+        if response.status == 200:
+            self._calibrate(request, forward, self.dialect.usage(payload))
+        self._count(forward, response.status)
+        out = Response(payload, status_code=response.status)
+        out.raw_headers = [
+            (n.lower().encode("latin-1"), v.encode("latin-1"))
+            for n, v in self._headers(forward, response, overhead)
+        ]
+        out.raw_headers.append((b"content-length", str(len(payload)).encode()))
+        return out
+
+    async def _stream_head(
+        self, response: aiohttp.ClientResponse, upstream: Upstream
+    ) -> tuple[bytes, bool]:
+        """The first bytes of a stream, read until the dialect can tell whether they report
+        an overflow (at once for APIs that never do), and its verdict."""
+        head = b""
+        verdict = self.dialect.stream_overflow(head)
+        try:
+            async with asyncio.timeout(upstream.timeouts.first_byte):
+                while verdict is None:
+                    chunk = await response.content.readany()
+                    if not chunk:
+                        break
+                    head += chunk
+                    verdict = self.dialect.stream_overflow(head)
+        except TimeoutError:
+            response.close()
+            raise UpstreamTimeout(
+                f"upstream {upstream.name!r} sent no events within "
+                f"{upstream.timeouts.first_byte:g} s"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            response.close()
+            raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
+        return head, bool(verdict)
+
+    def _relay(
+        self,
+        request: ClientRequest,
+        forward: Forward,
+        response: aiohttp.ClientResponse,
+        head: bytes,
+        overhead: float,
+    ) -> Relay:
+        headers = [
+            h for h in self._headers(forward, response, overhead) if h[0].lower() not in _SSE_NAMES
+        ]
+        headers += SSE_HEADERS
+        parsed: Parsed = request.parsed
+        want_usage = self.dialect.wants_usage(parsed)
+
+        def on_end(tail: bytes, outcome: str) -> None:
+            response.release() if outcome == "complete" else response.close()
+            if outcome == "upstream_broken":
+                self.metrics.upstream_errors.labels("broken_stream").inc()
+            if want_usage and outcome == "complete":
+                self._calibrate(request, forward, self.dialect.stream_usage(tail))
+
+        self._count(forward, response.status)
+        chunks = body_chunks(response, request.upstream.timeouts.stream_idle)
+        return Relay(response.status, headers, _after(head, chunks) if head else chunks, on_end)
+
+    def _calibrate(self, request: ClientRequest, forward: Forward, usage: Usage | None) -> None:
+        """Calibrate the counter by the upstream's own count of what was forwarded."""
+        if usage is not None:
+            self.compactor.calibration.observe(
+                request.key, usage.prompt_tokens, forward.tokens_after
+            )
+
+    def _count(self, forward: Forward, status: int) -> None:
+        self.metrics.requests.labels(self.dialect.name, str(status)).inc()
+        self.metrics.actions.labels(forward.action).inc()
+        self.metrics.tokens_before.observe(forward.tokens_before)
+        self.metrics.tokens_after.observe(forward.tokens_after)
+        log.info(
+            "request forwarded",
+            extra={
+                "api": self.dialect.name,
+                "session": forward.session_hash[:16],
+                "status": status,
+                "action": forward.action,
+                "store": forward.store,
+                "tokens_before": forward.tokens_before,
+                "tokens_after": forward.tokens_after,
+                "decisions": [dataclasses.asdict(d) for d in forward.decisions],
+            },
+        )
+
+
+async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`head`, then `chunks`: the bytes read ahead of the relay go out first."""
+    yield head
+    async for chunk in chunks:
+        yield chunk

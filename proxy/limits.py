@@ -1,0 +1,55 @@
+"""What a model allows: its context window, its max output and the counter for its tokens.
+
+From the config's per-model overrides first, then litellm's model map, then the config's
+default window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .config import Config
+from .models import ModelCatalog
+from .tokens import TokenCounter, counter_for
+
+MAX_MEMOISED = 10_000  # model names come from clients
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    window: int
+    max_output: int | None
+    counter: TokenCounter
+
+
+class ModelLimits:
+    """`limits(model)`, memoised per model name."""
+
+    def __init__(self, config: Config, catalog: ModelCatalog | None = None) -> None:
+        self.config = config
+        self.catalog = catalog or ModelCatalog()
+        self._limits: dict[str, Limits] = {}
+        self.warm = False
+
+    def warm_up(self) -> None:
+        """Load the current models' tokenizer and the model map before the first request
+        (older encodings load on first use: each costs tens of MB)."""
+        self.limits("gpt-4o").counter.text("warm up")
+        self.warm = True
+
+    def limits(self, model: str) -> Limits:
+        found = self._limits.get(model)
+        if found is None:
+            override = self.config.model(model)
+            info = self.catalog.lookup(model)
+            window = (override and override.context_window) or info.context_window
+            max_output = (override and override.max_output_tokens) or info.max_output_tokens
+            counter = counter_for(
+                model,
+                override.counting if override else "auto",
+                override.encoding if override else None,
+            )
+            found = Limits(window or self.config.default_context_window, max_output, counter)
+            if len(self._limits) < MAX_MEMOISED:
+                self._limits[model] = found
+        return found

@@ -1,0 +1,92 @@
+"""One request as compaction sees it: who asked, in which session, and the facts every
+compaction decision of that request is made from."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import policies
+
+from .config import Policy, Upstream
+from .dialects import Dialect, Parsed
+from .limits import Limits
+from .sessions import Loaded, session_key
+from .state import Branch
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClientRequest:
+    """A client's request, read by its dialect and routed."""
+
+    dialect: Dialect
+    parsed: Parsed
+    tenant: str
+    session: str
+    policy: Policy
+    upstream: Upstream
+    # The client's credential headers, for this request's own summary only; never stored.
+    credentials: tuple[tuple[str, str], ...]
+
+    @functools.cached_property
+    def key(self) -> str:
+        return session_key(self.tenant, self.session)
+
+    @property
+    def messages(self) -> list[policies.Message]:
+        return self.parsed.messages
+
+
+@dataclasses.dataclass
+class Turn:
+    """Everything one request's compaction decisions are made from."""
+
+    request: ClientRequest
+    limits: Limits
+    budget: policies.Budget
+    fixed: int  # tokens outside the conversation (tools, instructions)
+    counts: list[int]  # tokens of each message of the request
+    chain: policies.Chain
+    loaded: Loaded
+    branch: Branch | None
+
+    @property
+    def plan(self) -> policies.Plan:
+        return self.branch.plan if self.branch else policies.Plan()
+
+    @property
+    def tokens_before(self) -> int:
+        return self.fixed + sum(self.counts)
+
+    def tokens(self, view: list[policies.Message]) -> int:
+        """Tokens of `view`; the messages it shares with the request are not counted again."""
+        messages = self.request.messages
+        known = {id(m): t for m, t in zip(messages, self.counts, strict=True)}
+        counter = self.limits.counter
+        return self.fixed + sum(known.get(id(m)) or counter.message(m) for m in view)
+
+    async def compact(
+        self,
+        summarizer: policies.Summarizer,
+        *,
+        target_tokens: int | None = None,
+        instructions: str | None = None,
+    ) -> policies.Compaction:
+        """The policy's layers over this request, from the branch's plan."""
+        return await policies.compact(
+            self.request.messages,
+            self.plan,
+            budget=self.budget,
+            policy=self.request.policy.compaction,
+            counter=self.limits.counter,
+            fixed_tokens=self.fixed,
+            message_tokens=self.counts,
+            summarizer=summarizer,
+            instructions=instructions,
+            target_tokens=target_tokens,
+        )
+
+    def reload(self, loaded: Loaded) -> None:
+        """The session as read again (another request changed it meanwhile)."""
+        self.loaded = loaded
+        self.branch = loaded.state.branch(self.chain)

@@ -1,0 +1,77 @@
+"""The budget of a request: what a policy reserves, its levels, and when there is no room."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from policies import Policy
+
+POLICY = {
+    "reserved_output_tokens": 4096,
+    "safety_margin_tokens": 100,
+    "prepare_at": 0.6,
+    "compact_at": 0.85,
+    "target": 0.45,
+}
+
+
+def budget(**changes: object):
+    request = {"window": 8192, "model_max_output": None, "request_max_tokens": None}
+    policy = Policy(**{**POLICY, **{k: v for k, v in changes.items() if k in POLICY}})
+    return policy.budget(**{**request, **{k: v for k, v in changes.items() if k in request}})
+
+
+def test_reserved_output_is_the_clients_max_tokens_exactly() -> None:
+    assert budget(request_max_tokens=5000).reserved_output == 5000
+    assert budget(request_max_tokens=0).reserved_output == 0
+
+
+def test_reserved_output_otherwise_scales_with_the_window() -> None:
+    assert budget().reserved_output == 2048  # a quarter of 8192
+    assert budget(window=1_000_000).reserved_output == 4096
+    assert budget(window=1_000_000, model_max_output=1000).reserved_output == 1000
+
+
+def test_levels_are_fractions_of_the_usable_budget() -> None:
+    b = budget()
+    assert b.limit == 8192 - 2048 - 100
+    assert (b.prepare_tokens, b.compact_tokens, b.target_tokens) == (
+        int(b.limit * 0.6),
+        int(b.limit * 0.85),
+        int(b.limit * 0.45),
+    )
+    assert b.status(b.prepare_tokens - 1) == "ok"
+    assert b.status(b.prepare_tokens) == "prepare"
+    assert b.status(b.compact_tokens) == "compact"
+    assert b.usable
+
+
+@pytest.mark.parametrize(
+    ("window", "max_tokens"), [(100, 500), (8192, 8192), (8192, 8100), (8192, 8091)]
+)
+def test_a_budget_without_room_for_a_prompt_is_not_usable(window: int, max_tokens: int) -> None:
+    """A max_tokens that takes the whole window leaves nothing to compact to: the request
+    must go upstream unchanged, never be compacted to nothing."""
+    b = budget(window=window, request_max_tokens=max_tokens)
+    assert b.limit >= 0 and b.target_tokens >= 0
+    assert not b.usable
+    assert {b.status(tokens) for tokens in (0, 1, 10_000)} == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"target": 0.9}, "levels must satisfy 0 < target < compact_at <= 1"),
+        ({"compact_at": 1.5}, "levels must satisfy 0 < target < compact_at <= 1"),
+        ({"target": 0}, "levels must satisfy 0 < target < compact_at <= 1"),
+        ({"prepare_at": 0}, "levels must satisfy 0 < prepare_at <= compact_at"),
+        ({"prepare_at": 0.9}, "levels must satisfy 0 < prepare_at <= compact_at"),
+        ({"safety_margin_tokens": -1}, "safety_margin_tokens must not be negative"),
+        ({"window": -1}, "the window must not be negative"),
+    ],
+)
+def test_budget_rejects_nonsense(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        budget(**changes)
