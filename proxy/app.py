@@ -32,7 +32,7 @@ from .streaming import Relay, until_disconnect
 from .summarizer import Summarizers
 from .tenants import Tenants
 from .tokens import configure_offline_encodings
-from .upstream import UpstreamClient, body_chunks, relayable
+from .upstream import UpstreamClient, relayable
 
 log = logging.getLogger("compaction_proxy")
 
@@ -103,8 +103,8 @@ class Proxy:
         def on_end(tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
 
-        chunks = body_chunks(response, upstream.timeouts.stream_idle)
-        return Relay(response.status, relayable(response.headers.items()), chunks, on_end)
+        chunks = response.chunks(upstream.timeouts.stream_idle)
+        return Relay(response.status, relayable(response.headers), chunks, on_end)
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

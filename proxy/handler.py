@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
@@ -28,8 +27,7 @@ from .sessions import session_id
 from .streaming import Relay
 from .tenants import Tenants
 from .turn import ClientRequest
-from .upstream import UpstreamClient, body_chunks, relayable
-from .upstream import read_body as read_upstream_body
+from .upstream import UpstreamClient, UpstreamResponse, relayable
 
 log = logging.getLogger("compaction_proxy")
 
@@ -102,14 +100,16 @@ class Handler:
 
         sent = time.perf_counter()
         response = await self.client.open(upstream, "POST", path, query, send_headers, forward.body)
+        idle = upstream.timeouts.stream_idle
+        chunks = response.chunks(idle)
         head = b""
         if response.status >= 400 and forward.can_retry:
-            error = await read_upstream_body(response, upstream.timeouts.stream_idle)
+            error = await response.read(idle)
             if not self.dialect.is_overflow(response.status, error):
                 return self._finish(client_request, forward, response, error, overhead)
             overflow = True
         elif parsed.stream and response.status == 200 and forward.can_retry:
-            head, overflow = await self._stream_head(response, upstream)
+            head, overflow = await self._stream_head(response, chunks, upstream)
         else:
             overflow = False
         if overflow:
@@ -121,21 +121,23 @@ class Handler:
             response = await self.client.open(
                 upstream, "POST", path, query, send_headers, forward.body
             )
+            chunks = response.chunks(idle)
         self.metrics.upstream_latency.observe(time.perf_counter() - sent)
 
         if parsed.stream and response.status == 200:
-            return self._relay(client_request, forward, response, head, overhead)
+            relayed = _after(head, chunks) if head else chunks
+            return self._relay(client_request, forward, response, relayed, overhead)
         try:
-            payload = await read_upstream_body(response, upstream.timeouts.stream_idle)
+            payload = await response.read(idle)
         except StreamBroken as exc:
             self.metrics.upstream_errors.labels("broken_body").inc()
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         return self._finish(client_request, forward, response, payload, overhead)
 
     def _headers(
-        self, forward: Forward, response: aiohttp.ClientResponse, overhead: float
+        self, forward: Forward, response: UpstreamResponse, overhead: float
     ) -> list[tuple[str, str]]:
-        headers = relayable(response.headers.items())
+        headers = relayable(response.headers)
         headers += forward.headers()
         headers.append(("x-compaction-overhead-ms", f"{overhead * 1000:.2f}"))
         return headers
@@ -144,7 +146,7 @@ class Handler:
         self,
         request: ClientRequest,
         forward: Forward,
-        response: aiohttp.ClientResponse,
+        response: UpstreamResponse,
         payload: bytes,
         overhead: float,
     ) -> Response:
@@ -161,7 +163,7 @@ class Handler:
         return out
 
     async def _stream_head(
-        self, response: aiohttp.ClientResponse, upstream: Upstream
+        self, response: UpstreamResponse, chunks: AsyncIterator[bytes], upstream: Upstream
     ) -> tuple[bytes, bool]:
         """The first bytes of a stream, read until the dialect can tell whether they report
         an overflow (at once for APIs that never do), and its verdict."""
@@ -170,7 +172,7 @@ class Handler:
         try:
             async with asyncio.timeout(upstream.timeouts.first_byte):
                 while verdict is None:
-                    chunk = await response.content.readany()
+                    chunk = await anext(chunks, b"")
                     if not chunk:
                         break
                     head += chunk
@@ -181,7 +183,7 @@ class Handler:
                 f"upstream {upstream.name!r} sent no events within "
                 f"{upstream.timeouts.first_byte:g} s"
             ) from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except StreamBroken as exc:
             response.close()
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         return head, bool(verdict)
@@ -190,8 +192,8 @@ class Handler:
         self,
         request: ClientRequest,
         forward: Forward,
-        response: aiohttp.ClientResponse,
-        head: bytes,
+        response: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
         overhead: float,
     ) -> Relay:
         headers = [
@@ -209,8 +211,7 @@ class Handler:
                 self._calibrate(request, forward, self.dialect.stream_usage(tail))
 
         self._count(forward, response.status)
-        chunks = body_chunks(response, request.upstream.timeouts.stream_idle)
-        return Relay(response.status, headers, _after(head, chunks) if head else chunks, on_end)
+        return Relay(response.status, headers, chunks, on_end)
 
     def _calibrate(self, request: ClientRequest, forward: Forward, usage: Usage | None) -> None:
         """Calibrate the counter by the upstream's own count of what was forwarded."""

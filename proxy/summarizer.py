@@ -22,7 +22,7 @@ from .errors import SummaryFailed
 from .limits import ModelLimits
 from .metrics import Metrics
 from .turn import ClientRequest
-from .upstream import UpstreamClient, read_body
+from .upstream import UpstreamClient
 
 log = logging.getLogger("compaction_proxy")
 
@@ -221,7 +221,7 @@ class LLMSummarizer:
         path = self.dialect.upstream_path
         response = await self.client.open(self.upstream, "POST", path, "", list(headers), body)
         try:
-            payload = await read_body(response, self.settings.timeout_seconds)
+            payload = await response.read(self.settings.timeout_seconds)
         finally:
             response.release()
         if response.status != 200:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
 
 import aiohttp
 from yarl import URL
@@ -50,6 +51,61 @@ def relayable(
     return [(n, v) for n, v in pairs if n.lower() not in skip]
 
 
+class UpstreamResponse(Protocol):
+    """An upstream's answer as the request path uses it, whatever carried it."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> list[tuple[str, str]]: ...
+
+    def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
+        """The body as it arrives; a stalled or broken body raises StreamBroken."""
+        ...
+
+    async def read(self, idle_timeout: float) -> bytes:
+        """The whole body (non-streamed answers, error bodies); closes it on failure."""
+        ...
+
+    def release(self) -> None:
+        """Done with a body read to its end: its connection may be reused."""
+
+    def close(self) -> None:
+        """Done early: drop the connection."""
+
+
+class HTTPResponse:
+    """An answer over HTTP, relayed as bytes."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        return list(self._response.headers.items())
+
+    def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
+        return body_chunks(self._response, idle_timeout)
+
+    async def read(self, idle_timeout: float) -> bytes:
+        try:
+            return b"".join([chunk async for chunk in self.chunks(idle_timeout)])
+        except BaseException:
+            self._response.close()
+            raise
+
+    def release(self) -> None:
+        self._response.release()
+
+    def close(self) -> None:
+        self._response.close()
+
+
 class UpstreamClient:
     """One pooled aiohttp session for every upstream."""
 
@@ -80,7 +136,7 @@ class UpstreamClient:
         query: str,
         headers: list[tuple[str, str]],
         body: bytes | None,
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """Send a request and wait for the response head (the first byte), within the timeouts.
 
         `path` is relative to the upstream's base URL (the part after `/v1`).
@@ -92,7 +148,7 @@ class UpstreamClient:
         timeouts = upstream.timeouts
         try:
             async with asyncio.timeout(timeouts.first_byte):
-                return await self.session.request(
+                response = await self.session.request(
                     method,
                     URL(url, encoded=True),  # the path as the client encoded it, not re-quoted
                     data=body,
@@ -108,6 +164,7 @@ class UpstreamClient:
             raise UpstreamUnreachable(
                 f"upstream {upstream.name!r} is unreachable: {type(exc).__name__}"
             ) from None
+        return HTTPResponse(response)
 
 
 async def body_chunks(
@@ -125,15 +182,3 @@ async def body_chunks(
         raise StreamBroken(f"no data for {idle_timeout:g} s") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise StreamBroken(type(exc).__name__) from None
-
-
-async def read_body(response: aiohttp.ClientResponse, idle_timeout: float) -> bytes:
-    """The whole response body; used for non-streamed answers and error bodies.
-
-    A broken or cancelled read closes the response, so its connection is not leaked.
-    """
-    try:
-        return b"".join([chunk async for chunk in body_chunks(response, idle_timeout)])
-    except BaseException:
-        response.close()
-        raise
