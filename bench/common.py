@@ -57,11 +57,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def _process(args: Sequence[str], name: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+def _process(
+    args: Sequence[str], name: str, cwd: Path = ROOT
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     """Run `args`, its output in a log file (a pipe nobody reads would block it when full)."""
     with tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False) as log:
         path = Path(log.name)
-        process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield process, path
     finally:
@@ -92,10 +94,12 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, starte
 
 
 @contextlib.contextmanager
-def serve(args: Sequence[str], name: str, port: int, ready_path: str) -> Iterator[Server]:
+def serve(
+    args: Sequence[str], name: str, port: int, ready_path: str, cwd: Path = ROOT
+) -> Iterator[Server]:
     """Run a server process listening on `port` until it answers `ready_path` with a 200."""
     started = time.perf_counter()
-    with _process(args, name) as (process, log):
+    with _process(args, name, cwd) as (process, log):
         origin = f"http://127.0.0.1:{port}"
         took = _wait_until_up(process, origin + ready_path, log, started)
         yield Server(process, f"{origin}/v1", started, took, log)
@@ -112,15 +116,20 @@ def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def proxy(config_yaml: str) -> Iterator[Server]:
-    """`compaction-proxy serve --config FILE` on a free port; started_in is its cold start."""
+def proxy(config_yaml: str, tree: Path | None = None) -> Iterator[Server]:
+    """`compaction-proxy serve --config FILE` on a free port; started_in is its cold start.
+
+    `tree`: the proxy's code from that checkout instead (`python -m proxy` run there), for an
+    A/B of two versions in one run.
+    """
     port = free_port()
     with tempfile.NamedTemporaryFile("w", prefix="bench-", suffix=".yaml", delete=False) as file:
         file.write(config_yaml)
     config = Path(file.name)
-    args = [str(BIN / "compaction-proxy"), "serve", "--config", str(config), "--port", str(port)]
+    command = [str(BIN / "compaction-proxy")] if tree is None else [sys.executable, "-m", "proxy"]
+    args = [*command, "serve", "--config", str(config), "--port", str(port)]
     try:
-        with serve(args, "proxy", port, "/healthz") as server:
+        with serve(args, "proxy", port, "/healthz", tree or ROOT) as server:
             yield server
     finally:
         config.unlink(missing_ok=True)

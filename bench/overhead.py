@@ -2,6 +2,7 @@
 `compaction-proxy serve` (in-memory store, then Redis) and through a bare relay (the floor).
 
     .venv/bin/python bench/overhead.py [--redis-url redis://127.0.0.1:6379/0] [--quick]
+                                       [--compare REV]
 
 Prints a Markdown table: added latency (p50/p99) for a small request and for a ~100k-token
 history that is not compacted, streaming time to first byte, requests/second at concurrency 16,
@@ -17,7 +18,9 @@ import argparse
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import defaultdict
@@ -233,7 +236,21 @@ def own_keys(url: str, prefix: str) -> Iterator[None]:
                 client.delete(*keys)
 
 
-def run(sizes: Sizes, redis_url: str | None, history: bytes) -> tuple[list[Figures], float]:
+@contextlib.contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """A temporary git worktree of `revision`, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="bench-ab-")) / "tree"
+    git = ["git", "-C", str(Path(__file__).resolve().parent.parent)]
+    subprocess.run([*git, "worktree", "add", "--detach", str(path), revision], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
+
+
+def run(
+    sizes: Sizes, redis_url: str | None, history: bytes, compare: str | None
+) -> tuple[list[Figures], float]:
     """Start the servers one by one, measure them all, read their memory, stop them.
 
     Returns the figures, direct first, and the cores' worth of CPU other processes used.
@@ -241,9 +258,13 @@ def run(sizes: Sizes, redis_url: str | None, history: bytes) -> tuple[list[Figur
     prefix = f"cpbench-{os.urandom(4).hex()}"
     with fake_upstream({MODEL: WINDOW}) as upstream, contextlib.ExitStack() as stack:
         direct = Figures("direct", f"{upstream.url}/chat/completions", pid=upstream.pid)
+        memory = proxy_config(upstream.url, "memory://", prefix)
         starts: list[tuple[str, contextlib.AbstractContextManager[Server], bool]] = [
-            ("proxy, memory store", proxy(proxy_config(upstream.url, "memory://", prefix)), True)
+            ("proxy, memory store", proxy(memory), True)
         ]
+        if compare:
+            tree = stack.enter_context(checkout(compare))
+            starts.append((f"proxy at {compare}, memory store", proxy(memory, tree), True))
         if redis_url:
             stack.enter_context(own_keys(redis_url, prefix))
             on_redis = proxy(proxy_config(upstream.url, redis_url, prefix))
@@ -395,6 +416,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--quick", action="store_true", help="a tenth of the samples (a smoke run)")
+    parser.add_argument(
+        "--compare", metavar="REV", help="also measure the proxy at this git revision (A/B)"
+    )
     args = parser.parse_args()
     sizes = Sizes().scaled(0.1) if args.quick else Sizes()
     started = time.perf_counter()
@@ -402,7 +426,7 @@ def main() -> None:
     redis_url = args.redis_url if redis_reachable(args.redis_url) else None
     if redis_url is None:
         print(f"no Redis answers at {args.redis_url}: its run is skipped", file=sys.stderr)
-    figures, others = run(sizes, redis_url, history)
+    figures, others = run(sizes, redis_url, history, args.compare)
     print(report(figures, others, sizes))
     took = time.perf_counter() - started
     print(f"\nhistory body {len(history) / 1024:.0f} KiB; the run took {took:.0f} s")

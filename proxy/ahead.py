@@ -18,14 +18,14 @@ import policies
 
 from .sessions import Sessions
 from .state import Prepared
-from .summarizer import Summarizers, text_hash
+from .summarizer import SummarizerFactory, lock_seconds, text_hash
 from .turn import Turn
 
 log = logging.getLogger("compaction_proxy")
 
 
 class PreparedSummaries:
-    def __init__(self, sessions: Sessions, summarizers: Summarizers) -> None:
+    def __init__(self, sessions: Sessions, summarizers: SummarizerFactory) -> None:
         self.sessions = sessions
         self.summarizers = summarizers
         self._background: set[asyncio.Task[None]] = set()
@@ -53,11 +53,11 @@ class PreparedSummaries:
         prepared = turn.loaded.state.prepared
         if prepared is None or not use_prepared:
             return llm
-        return functools.partial(_with_prepared, llm, prepared, turn.chain, llm.counter)
+        return functools.partial(_with_prepared, llm, prepared, turn.chain, turn.limits.counter)
 
     async def _prepare(self, turn: Turn, tokens: int) -> None:
         request = turn.request
-        ttl = self.summarizers.lock_seconds(request.policy)
+        ttl = lock_seconds(request.policy)
         fence = await self.sessions.lock(request.key, ttl, wait=False)
         if fence is None:
             return

@@ -25,6 +25,7 @@ from .limits import ModelLimits
 from .memo import MessageDigests, content_keys
 from .sessions import Sessions
 from .state import Branch, SessionState, decision_record
+from .summarizer import lock_seconds
 from .turn import ClientRequest, Turn
 
 log = logging.getLogger("compaction_proxy")
@@ -160,7 +161,7 @@ class Compactor:
         request = turn.request
         fence = None
         if turn.loaded.available:
-            ttl = self.prepared.summarizers.lock_seconds(request.policy)
+            ttl = lock_seconds(request.policy)
             fence = await self.sessions.lock(request.key, ttl, wait=True)
         try:
             # Another request may have compacted the session meanwhile (this one waited for

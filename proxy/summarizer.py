@@ -11,6 +11,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import policies
 from policies.message import call_arguments, call_name, tool_calls
@@ -79,6 +80,12 @@ class Cooldowns:
         self._until[key] = time.monotonic() + seconds
 
 
+class SummarizerFactory(Protocol):
+    def for_request(self, request: ClientRequest) -> policies.Summarizer:
+        """The summarizer of one request."""
+        ...
+
+
 class Summarizers:
     """Makes the summarizer of one request: the policy's configured summarizer upstream and
     model, else the request's own upstream and model with the request's own credential."""
@@ -113,10 +120,11 @@ class Summarizers:
             cooldowns=self.cooldowns,
         )
 
-    def lock_seconds(self, policy: Policy) -> float:
-        """How long one summary may hold a session's lock: every attempt, and a margin."""
-        settings = policy.summarizer
-        return settings.timeout_seconds * (settings.retries + 1) + 5
+
+def lock_seconds(policy: Policy) -> float:
+    """How long one summary may hold a session's lock: every attempt, and a margin."""
+    settings = policy.summarizer
+    return settings.timeout_seconds * (settings.retries + 1) + 5
 
 
 class LLMSummarizer:
