@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .dialects.chat import openai_error_body
+from .dialects.chat import Chat
 from .errors import APIError, InvalidRequest, NotFound, Unauthorized
 from .sessions import Sessions, session_key
 from .tenants import bearer
@@ -49,8 +49,7 @@ class Admin:
                 response: Response = await handler(request)
                 return response
             except APIError as exc:
-                body = openai_error_body(exc)
-                return Response(body, exc.status_code, media_type="application/json")
+                return Chat().error_response(exc)
 
         return endpoint
 

@@ -41,12 +41,6 @@ Endpoint = Callable[[Request], Awaitable[ASGIApp]]
 OPENAI = Chat()
 
 
-def error_response(exc: APIError, dialect: Dialect = OPENAI) -> Response:
-    return Response(
-        dialect.error_body(exc), status_code=exc.status_code, media_type="application/json"
-    )
-
-
 class Proxy:
     """The proxy's parts, built once from the config, and its own endpoints as methods."""
 
@@ -144,16 +138,16 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
             return await endpoint(request)
         except APIError as exc:
             metrics.requests.labels("error", str(exc.status_code)).inc()
-            return error_response(exc, dialect)
+            return dialect.error_response(exc)
         except ClientDisconnect:
             return client_gone(metrics)
         except StreamBroken:
             metrics.requests.labels("error", "502").inc()
-            return error_response(UpstreamUnreachable("the upstream broke off its answer"), dialect)
+            return dialect.error_response(UpstreamUnreachable("the upstream broke off its answer"))
         except Exception as exc:
             log.exception("unexpected error", extra={"error": type(exc).__name__})
             metrics.requests.labels("error", "500").inc()
-            return error_response(APIError("The proxy failed to handle this request."), dialect)
+            return dialect.error_response(APIError("The proxy failed to handle this request."))
 
     return guarded_endpoint
 

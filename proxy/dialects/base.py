@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from starlette.responses import Response
+
 from policies import Message
 
 from ..errors import APIError
@@ -69,6 +71,11 @@ class Dialect(ABC):
     @abstractmethod
     def error_body(self, error: APIError) -> bytes:
         """The proxy's own error in this API's error shape."""
+
+    def error_response(self, error: APIError) -> Response:
+        return Response(
+            self.error_body(error), status_code=error.status_code, media_type="application/json"
+        )
 
     @abstractmethod
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
