@@ -56,6 +56,7 @@ from compaction import MODEL, budget_for, conditions, default_policy
 import policies
 from policies.message import Message, call_arguments, call_function, tool_calls, visible_text
 from proxy.config import Policy
+from proxy.recordings import joined
 from proxy.tokens import REPLY_PRIMING, TokenCounter, counter_for
 from tests.fake_upstream import (
     ApiError,
@@ -349,17 +350,6 @@ async def replay(
 # -- the run ------------------------------------------------------------------------------------
 
 
-def sessions_of(conversations: list[list[Message]], join: int) -> list[list[Message]]:
-    """`join` conversations at a time as one session, only the first system prompt kept."""
-    sessions = []
-    for start in range(0, len(conversations), join):
-        session: list[Message] = []
-        for conversation in conversations[start : start + join]:
-            session += [m for m in conversation if not policies.is_system(m) or not session]
-        sessions.append(session)
-    return sessions
-
-
 def share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
@@ -429,7 +419,7 @@ async def main() -> None:
     for join in (1, args.join):
         started = time.perf_counter()
         tallies = await replay(
-            sessions_of(conversations, join), methods, budget, max_tokens, args.window
+            joined(conversations, join), methods, budget, max_tokens, args.window
         )
         title = "each conversation alone" if join == 1 else f"{join} conversations per session"
         print()

@@ -47,23 +47,30 @@ class PreparedSummaries:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def summarizer(self, turn: Turn, *, use_prepared: bool) -> policies.Summarizer:
+    async def wait(self) -> None:
+        """Until the summaries being prepared now are done (an offline replay waits for them
+        as a client waits for its answer)."""
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def summarizer(self, turn: Turn, *, use_prepared: bool) -> policies.Summarizer | None:
         """The request's summarizer, answering from the prepared summary where it applies."""
         llm = self.summarizers.for_request(turn.request)
         prepared = turn.loaded.state.prepared
-        if prepared is None or not use_prepared:
+        if llm is None or prepared is None or not use_prepared:
             return llm
         return functools.partial(_with_prepared, llm, prepared, turn.chain, turn.limits.counter)
 
     async def _prepare(self, turn: Turn, tokens: int) -> None:
         request = turn.request
+        llm = self.summarizer(turn, use_prepared=False)
+        if llm is None:
+            return  # nothing to prepare: the digest is made on the request path
         ttl = lock_seconds(request.policy)
         fence = await self.sessions.lock(request.key, ttl, wait=False)
         if fence is None:
             return
         try:
             made: list[tuple[policies.SummaryRequest, str]] = []
-            llm = self.summarizer(turn, use_prepared=False)
 
             async def recording(summary_request: policies.SummaryRequest) -> str:
                 text = await llm(summary_request)

@@ -5,6 +5,10 @@
     ├── NoRoute               no configured upstream serves this request's API (proxy.config)
     ├── StreamBroken          an upstream stopped sending in the middle of a body
     ├── SummaryFailed         the summarizer gave no usable summary
+    ├── RecordingError        a recorded file cannot be read (proxy.recordings)
+    │   └── ReplayError           a recorded request cannot be replayed (proxy.replay)
+    ├── ChartError            a replay's chart cannot be drawn (proxy.chart)
+    ├── AdminCallFailed       `compaction-proxy sessions` got no good answer (proxy.admin_client)
     └── APIError              what a client sees: a status and an error in its API's shape
         ├── InvalidRequest        400  (ContextLengthExceeded: 400 context_length_exceeded)
         ├── Unauthorized          401

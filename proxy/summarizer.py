@@ -81,8 +81,9 @@ class Cooldowns:
 
 
 class SummarizerFactory(Protocol):
-    def for_request(self, request: ClientRequest) -> policies.Summarizer:
-        """The summarizer of one request."""
+    def for_request(self, request: ClientRequest) -> policies.Summarizer | None:
+        """The summarizer of one request; None: the mechanical digest stands in for summaries
+        (an offline replay)."""
         ...
 
 

@@ -67,7 +67,7 @@ class Turn:
 
     async def compact(
         self,
-        summarizer: policies.Summarizer,
+        summarizer: policies.Summarizer | None,
         *,
         target_tokens: int | None = None,
         instructions: str | None = None,

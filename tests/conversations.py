@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,13 +211,6 @@ def load_traces() -> list[tuple[str, list[Message]]]:
             record = json.loads(line)
             found.append((f"{path.stem}/{record['id']}", record["messages"]))
     return found
-
-
-def requests(messages: Sequence[Message]) -> Iterator[list[Message]]:
-    """What a client sends: the history up to each assistant message."""
-    for i, message in enumerate(messages):
-        if message["role"] == "assistant":
-            yield list(messages[:i])
 
 
 # --- the invariants of a view -----------------------------------------------------------

@@ -23,8 +23,10 @@ import openai
 
 from policies import Message, Policy, tool_pair_problems
 from policies.message import visible_text
+from proxy import recordings
+from proxy.replay import stable
 from tests.conftest import config_for
-from tests.conversations import load_traces, requests
+from tests.conversations import load_traces
 from tests.fake_upstream import (
     ApiError,
     FakeUpstream,
@@ -90,18 +92,8 @@ def small_summary(body: dict[str, Any]) -> str:
 
 
 def joined(size: int, start: int = 0, stop: int | None = None) -> list[list[Message]]:
-    """The recorded traces joined `size` at a time into long sessions: each session keeps the
-    system messages of its first conversation only, as one client talking on would."""
-    traces = [messages for _, messages in load_traces()[start:stop]]
-    return [
-        [
-            m
-            for i, c in enumerate(traces[s : s + size])
-            for m in c
-            if i == 0 or m["role"] != "system"
-        ]
-        for s in range(0, len(traces), size)
-    ]
+    """The recorded traces [start, stop) joined `size` at a time into long sessions."""
+    return recordings.joined([messages for _, messages in load_traces()[start:stop]], size)
 
 
 @contextlib.contextmanager
@@ -175,8 +167,7 @@ def replay(
     session = f"replay-{uuid.uuid4().hex}"
     return [
         send(client, up, history, session=session, model=model, stream=stream)
-        for history in requests(messages)
-        if history
+        for history in recordings.client_requests(messages)
     ]
 
 
@@ -202,11 +193,6 @@ def broken_pairs(turns: Sequence[Turn]) -> list[str]:
 def prompt_tokens(messages: list[Message], model: str) -> int:
     """The prompt tokens of `messages` as the upstream counts them."""
     return sum(count_prompt({"model": model, "messages": messages}))
-
-
-def stable(earlier: Sequence[Any], later: Sequence[Any]) -> bool:
-    """Whether `later` starts with `earlier`: the provider's prompt cache still hits."""
-    return len(later) >= len(earlier) and later[: len(earlier)] == earlier
 
 
 @dataclass(frozen=True)
