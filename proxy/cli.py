@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--window", type=_positive, help="the model's context window, in tokens")
     replay.add_argument("--join", type=_positive, default=1, help="conversations per session")
     replay.add_argument("--chart", help="draw the turns to this .svg, .html or .png file")
+    replay.add_argument("--title", help="the chart's title (default: the files and the model)")
     replay.add_argument("--json", action="store_true", help="print the turns as JSON")
     replay.add_argument("--quiet", action="store_true", help="print only the totals")
     replay.add_argument(
@@ -129,10 +130,7 @@ def _replay(args: argparse.Namespace, config: config_module.Config) -> int:
         recorded = read_requests(args.files, model=args.model, join=args.join)
         turns = replay.run(recorded, config, policy=args.policy, live=args.live)
         if args.chart:
-            names = ", ".join(Path(f).name for f in args.files)
-            model = f", {args.model}" if args.model else ""
-            window = f" at a {args.window}-token window" if args.window else ""
-            chart.write(args.chart, turns, f"{names}{model}{window}")
+            chart.write(args.chart, turns, args.title or _title(args))
     except (RecordingError, chart.ChartError) as exc:
         print(f"compaction-proxy replay: {exc}", file=sys.stderr)
         return 2
@@ -143,6 +141,13 @@ def _replay(args: argparse.Namespace, config: config_module.Config) -> int:
     else:
         print(replay.table(turns))
     return 0
+
+
+def _title(args: argparse.Namespace) -> str:
+    names = ", ".join("standard input" if f == "-" else Path(f).name for f in args.files)
+    model = f", {args.model}" if args.model else ""
+    window = f" at a {args.window}-token window" if args.window else ""
+    return f"{names}{model}{window}"
 
 
 def _sessions(args: argparse.Namespace) -> int:

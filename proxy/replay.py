@@ -203,17 +203,16 @@ async def replay(
     *,
     policy: str | None = None,
     live: bool = False,
-    progress: bool = True,
 ) -> list[TurnResult]:
     """Every recorded request through the proxy's compactor, in order; a progress bar on
-    standard error when it takes more than a moment."""
+    standard error (a terminal) when it takes more than a moment."""
     bar = tqdm(
         total=len(recorded),
         unit="turn",
         file=sys.stderr,
         delay=0.5,
         leave=False,
-        disable=None if progress else True,  # None: shown on a terminal only
+        disable=None,  # shown on a terminal only
     )
     runner = Replay(config, policy=policy, live=live)
     results = []
@@ -233,9 +232,8 @@ def run(
     *,
     policy: str | None = None,
     live: bool = False,
-    progress: bool = True,
 ) -> list[TurnResult]:
-    return asyncio.run(replay(recorded, config, policy=policy, live=live, progress=progress))
+    return asyncio.run(replay(recorded, config, policy=policy, live=live))
 
 
 # -- what is printed ----------------------------------------------------------------------------
