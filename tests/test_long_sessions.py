@@ -18,7 +18,8 @@ from langchain_core.messages.utils import convert_to_openai_messages
 from policies import Message, Policy
 from policies.message import visible_text
 from policies.plan import SUMMARY_HEADING
-from tests.conversations import ANCHOR, requests, view_problems, words
+from proxy.recordings import client_requests
+from tests.conversations import ANCHOR, view_problems, words
 from tests.replay import (
     JOIN,
     Turn,
@@ -163,7 +164,7 @@ def langchain_views(session: list[Message], model: str) -> list[tuple[Any, Any]]
         return 3 + sum(counts[id(m)] for m in messages)
 
     views = []
-    for history in filter(None, requests(session)):
+    for history in client_requests(session):
         sent = converted[: len(history)]
         kept = trim_messages(
             sent,

@@ -27,6 +27,7 @@ from policies import (
 )
 from policies.message import visible_text
 from policies.plan import ANCHOR_HEADING
+from proxy.recordings import client_requests
 from tests.conversations import (
     ANCHOR,
     CharCounter,
@@ -34,7 +35,6 @@ from tests.conversations import (
     conversations,
     is_header,
     load_traces,
-    requests,
     texts,
     tool_block,
     view_problems,
@@ -248,7 +248,7 @@ async def test_every_trace_prefix_compacts_within_the_invariants(window: int, ta
             {a for p in TRACE_ANCHORS.anchors for a in re.findall(p, visible_text(m))}
             for m in messages
         ]
-        for request in requests(messages):
+        for request in client_requests(messages):
             result = await compact(
                 request,
                 Plan(),
@@ -277,7 +277,7 @@ async def test_traces_replayed_as_sessions_keep_a_stable_prefix(window: int):
     turns = stable = 0
     for name, messages in TRACES:
         plan, previous = Plan(), None
-        for request in requests(messages):
+        for request in client_requests(messages):
             view = render(request, plan)
             if previous is not None:
                 assert view[: len(previous)] == previous, name
