@@ -242,8 +242,8 @@ def _overflow_message(turn: Turn, result: policies.Compaction) -> str:
     budget = turn.budget
     return (
         f"This model's maximum context length is {turn.limits.window} tokens. Even after "
-        f"compaction, the system messages and the current turn need {result.floor_tokens} "
+        f"compaction, the system prompt, tools and the current turn need {result.floor_tokens} "
         f"tokens, and {budget.reserved_output} are reserved for the output, which leaves "
         f"{budget.limit} tokens for the prompt. Please shorten the current message or the "
-        "system prompt, or lower max_tokens."
+        "system prompt, or lower the maximum output tokens."
     )
