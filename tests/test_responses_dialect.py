@@ -30,7 +30,7 @@ from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING
 from proxy.dialects.base import Parsed
 from proxy.dialects.responses import Responses
 from proxy.dialects.responses_items import CALLS, OPAQUE_ITEM_TOKENS, OUTPUTS, item_type
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.tokens import counter_for
 from tests.conversations import words
 from tests.fake_upstream import validate_responses
@@ -331,14 +331,21 @@ def test_a_stream_overflow_is_told_after_the_opening_events() -> None:
 
 # -- properties over random item lists -----------------------------------------------------------
 
-UNKNOWN = ("program", "tool_search_output", "configuration_update", "mcp_approval_response")
+UNKNOWN = (
+    "program",
+    "tool_search_output",
+    "configuration_update",
+    "mcp_approval_response",
+    "compaction_trigger",
+)
 
 
 @st.composite
 def item_lists(draw: st.DrawFn) -> list[Item]:
     """A valid stateless Responses input: turns of a user message, then model output (reasoning,
     text, function, custom and local shell calls) answered by their outputs; system and
-    developer messages, compaction items and unknown item types anywhere between."""
+    developer messages, compaction items and unknown item types anywhere between, and at the
+    end, sometimes, Codex's request for a compaction."""
     items: list[Item] = []
     calls = 0
 
@@ -351,6 +358,7 @@ def item_lists(draw: st.DrawFn) -> list[Item]:
                 }
             )
 
+    maybe_unknown()
     for turn in range(draw(st.integers(1, 5))):
         if draw(st.integers(0, 4)) == 0:
             role = draw(st.sampled_from(["system", "developer"]))
@@ -364,6 +372,16 @@ def item_lists(draw: st.DrawFn) -> list[Item]:
                 items.append(reasoning(calls))
             if draw(st.booleans()):
                 items.append(assistant(words(draw(st.integers(1, 60)), calls)))
+            if draw(st.integers(0, 5)) == 0:
+                search = {"type": "search", "query": words(3, calls)}
+                items.append(
+                    {
+                        "type": "web_search_call",
+                        "id": f"ws_{calls}",
+                        "status": "completed",
+                        "action": search,
+                    }
+                )
             made = []
             for _ in range(draw(st.integers(0, 2))):
                 calls += 1
@@ -404,6 +422,8 @@ def item_lists(draw: st.DrawFn) -> list[Item]:
                     }
                 )
                 maybe_unknown()
+    if draw(st.booleans()):
+        items.append({"type": "compaction_trigger"})
     return items
 
 
@@ -415,7 +435,7 @@ def produced(items: Sequence[Item], at: int) -> list[int]:
         kind = item_type(items[j])
         if kind in UNKNOWN:
             continue
-        if kind not in CALLS and items[j].get("role") != "assistant":
+        if kind not in (*CALLS, "web_search_call") and items[j].get("role") != "assistant":
             break
         out.append(j)
     return out
@@ -525,3 +545,38 @@ def test_compacted_items_keep_every_rule_of_the_api(
     for index in turn | pinned:
         for item in parsed.native(index):
             assert item in sent
+
+
+def test_instructions_and_every_tool_are_fixed_tokens() -> None:
+    function = {"type": "function", "name": "shell", "parameters": {"type": "object"}}
+    grammar = {"type": "custom", "name": "apply_patch", "format": {"definition": "x " * 1000}}
+    bare = DIALECT.fixed_tokens(parse("hi"), COUNTER)
+    instructions = DIALECT.fixed_tokens(parse("hi", instructions="Be brief. " * 100), COUNTER)
+    tools = DIALECT.fixed_tokens(parse("hi", tools=[function, grammar]), COUNTER)
+    assert instructions - bare >= 300
+    assert tools - bare >= 1000  # a custom tool's grammar is read by the model too
+
+
+def test_summary_requests_suit_the_model() -> None:
+    plain = orjson.loads(DIALECT.summary_body("gpt-4o", "SYS", "PROMPT", 500, 0.1))
+    assert plain == {
+        "model": "gpt-4o",
+        "instructions": "SYS",
+        "input": [{"role": "user", "content": "PROMPT"}],
+        "store": False,
+        "temperature": 0.1,
+        "max_output_tokens": 500,
+    }
+    reasoning = orjson.loads(DIALECT.summary_body("gpt-5-mini", "SYS", "PROMPT", 500, 0.1))
+    assert "temperature" not in reasoning and reasoning["reasoning"] == {"effort": "low"}
+    assert reasoning["max_output_tokens"] > 500
+    answer = {
+        "status": "completed",
+        "output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "content": [{"type": "output_text", "text": "## Goal"}]},
+        ],
+    }
+    assert DIALECT.summary_text(orjson.dumps(answer)) == "## Goal"
+    with pytest.raises(SummaryFailed, match="overlong"):
+        DIALECT.summary_text(orjson.dumps({**answer, "status": "incomplete"}))

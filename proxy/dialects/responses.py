@@ -83,11 +83,18 @@ class Responses(OpenAIDialect):
         return None
 
     def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:
-        """Tools and reply priming, and `instructions` counted as the system message it is."""
-        instructions = parsed.body.get("instructions")
-        fixed = counter.fixed(parsed.body)
-        if instructions:
-            fixed += counter.message({"role": "system", "content": instructions})
+        """Reply priming, `instructions` counted as the system message it is, function tools
+        as chat's, and the other tools (custom tools with their grammar, hosted tools) by
+        their JSON."""
+        body = parsed.body
+        tools = body.get("tools")
+        tools = tools if isinstance(tools, list) else []
+        functions = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
+        others = [t for t in tools if not (isinstance(t, dict) and t.get("type") == "function")]
+        fixed = counter.fixed({"tools": functions})
+        for system in (body.get("instructions"), orjson.dumps(others).decode() if others else ""):
+            if isinstance(system, str) and system:  # each counted once, then remembered
+                fixed += counter.message({"role": "system", "content": system})
         return fixed
 
     def summary_items(self, header: Message) -> list[Any]:
