@@ -26,7 +26,6 @@ from .openai import (
     is_reasoning_model,
     load_object,
     optional_int,
-    usage_from,
 )
 
 
@@ -35,6 +34,7 @@ class Chat(OpenAIDialect):
     path = "/v1/chat/completions"
     upstream_path = "/chat/completions"
     conversation_param = "messages"
+    usage_fields = ("prompt_tokens", "prompt_tokens_details")
 
     def parse(self, raw: bytes) -> Parsed:
         body = load_object(raw)
@@ -90,13 +90,6 @@ class Chat(OpenAIDialect):
         options = parsed.body.get("stream_options")
         return isinstance(options, dict) and options.get("include_usage") is True
 
-    def usage(self, payload: bytes) -> Usage | None:
-        try:
-            body = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return None
-        return _usage(body.get("usage") if isinstance(body, dict) else None)
-
     def stream_usage(self, tail: bytes) -> Usage | None:
         for line in reversed(tail.split(b"\n")):
             if line.startswith(b"data:") and b'"usage"' in line:
@@ -104,7 +97,7 @@ class Chat(OpenAIDialect):
                     event = orjson.loads(line[5:].strip())
                 except orjson.JSONDecodeError:
                     continue
-                usage = _usage(event.get("usage") if isinstance(event, dict) else None)
+                usage = self.usage_of(event.get("usage") if isinstance(event, dict) else None)
                 if usage is not None:
                     return usage
         return None
@@ -163,7 +156,3 @@ def _check_message(message: dict[str, Any]) -> None:
             raise BadField(f".tool_calls[{j}].function", "an object", function)
         for name in ("name", "arguments"):
             check_string(function.get(name), f".tool_calls[{j}].function.{name}")
-
-
-def _usage(usage: Any) -> Usage | None:
-    return usage_from(usage, "prompt_tokens", "prompt_tokens_details")

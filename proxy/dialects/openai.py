@@ -3,7 +3,7 @@ checks, usage, the overflow error and which models reason."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -14,10 +14,34 @@ REASONING_HEADROOM_TOKENS = 2048  # output room for a reasoning model's reasonin
 
 
 class OpenAIDialect(Dialect):
-    """A dialect of OpenAI's: its errors and its context overflow are OpenAI's."""
+    """A dialect of OpenAI's: its errors, its context overflow and its usage are OpenAI's."""
+
+    # Where usage holds the prompt tokens, and the details that hold the cached ones.
+    usage_fields: ClassVar[tuple[str, str]]
 
     def error_body(self, error: APIError) -> bytes:
         return openai_error_body(error)
+
+    def usage(self, payload: bytes) -> Usage | None:
+        try:
+            body = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return None
+        return self.usage_of(body.get("usage") if isinstance(body, dict) else None)
+
+    def usage_of(self, usage: Any) -> Usage | None:
+        """The prompt tokens and the cached ones of a `usage` object."""
+        if not isinstance(usage, dict):
+            return None
+        tokens, details = self.usage_fields
+        prompt = usage.get(tokens)
+        if not isinstance(prompt, int) or isinstance(prompt, bool):
+            return None
+        found = usage.get(details)
+        cached = found.get("cached_tokens") if isinstance(found, dict) else None
+        if not isinstance(cached, int) or isinstance(cached, bool):
+            cached = None
+        return Usage(prompt, cached)
 
     def is_overflow(self, status: int, payload: bytes) -> bool:
         return status == 400 and openai_error_code(payload) == "context_length_exceeded"
@@ -76,21 +100,6 @@ def openai_error_code(payload: bytes) -> str | None:
         return None
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None
-
-
-def usage_from(usage: Any, tokens: str, details: str) -> Usage | None:
-    """The prompt tokens `usage[tokens]` and the cached ones `usage[details].cached_tokens`
-    (chat completions and Responses name them differently)."""
-    if not isinstance(usage, dict):
-        return None
-    prompt = usage.get(tokens)
-    if not isinstance(prompt, int) or isinstance(prompt, bool):
-        return None
-    found = usage.get(details)
-    cached = found.get("cached_tokens") if isinstance(found, dict) else None
-    if not isinstance(cached, int) or isinstance(cached, bool):
-        cached = None
-    return Usage(prompt, cached)
 
 
 class BadField(ProxyError):

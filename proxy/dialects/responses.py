@@ -26,7 +26,6 @@ from .openai import (
     is_reasoning_model,
     load_object,
     optional_int,
-    usage_from,
 )
 from .responses_items import edited_items, map_items
 
@@ -44,6 +43,7 @@ class Responses(OpenAIDialect):
     path = "/v1/responses"
     upstream_path = "/responses"
     conversation_param = "input"
+    usage_fields = ("input_tokens", "input_tokens_details")
 
     def parse(self, raw: bytes) -> Parsed:
         body = load_object(raw)
@@ -117,13 +117,6 @@ class Responses(OpenAIDialect):
     def wants_usage(self, parsed: Parsed) -> bool:
         return True  # a Responses stream always ends with the response and its usage
 
-    def usage(self, payload: bytes) -> Usage | None:
-        try:
-            body = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return None
-        return _usage(body.get("usage") if isinstance(body, dict) else None)
-
     def stream_usage(self, tail: bytes) -> Usage | None:
         """The usage of the last event (response.completed or .incomplete): the event itself
         may be longer than the tail (it repeats instructions and tools), its usage is last."""
@@ -136,7 +129,7 @@ class Responses(OpenAIDialect):
             depth += {123: 1, 125: -1}.get(tail[end], 0)  # { and }: usage holds no strings
             if depth == 0:
                 try:
-                    return _usage(orjson.loads(tail[start : end + 1]))
+                    return self.usage_of(orjson.loads(tail[start : end + 1]))
                 except orjson.JSONDecodeError:
                     return None
         return None
@@ -186,10 +179,6 @@ class Responses(OpenAIDialect):
             if part.get("type") == "output_text" and isinstance(part.get("text"), str)
         ]
         return "".join(texts)
-
-
-def _usage(usage: Any) -> Usage | None:
-    return usage_from(usage, "input_tokens", "input_tokens_details")
 
 
 def _events(data: bytes) -> Iterator[dict[str, Any]]:
