@@ -143,17 +143,13 @@ class _Builder:
 
     def _message(self, index: int, item: dict[str, Any]) -> None:
         role = item.get("role")
-        content = item.get("content")
-        if not (isinstance(content, str) or all_typed_objects(content)):
-            raise BadField(".content", "a string or an array of typed objects", content)
-        for j, part in enumerate(content if isinstance(content, list) else ()):
-            if part["type"] in _TEXT_PARTS:
-                check_string(part.get("text"), f".content[{j}].text")
+        content = canonical_content(item.get("content"), ".content")
         if role == "assistant":
-            parts = canonical_content(content)
-            self._model_output(index, [parts] if isinstance(parts, str) else parts, None)
+            self._model_output(
+                index, [_text(content)] if isinstance(content, str) else content, None
+            )
         elif role == "user" or role in SYSTEM_ROLES:
-            self._new(index, {"role": role, "content": canonical_content(content)}, block=None)
+            self._new(index, {"role": role, "content": content}, block=None)
         else:  # not a role the API knows: the upstream says so
             self._attach(_opaque_parts(item, "message"))
 
@@ -164,7 +160,7 @@ class _Builder:
             self._new(index, {"role": "assistant", "content": []}, block=group)
             self.group = group
         message = self.messages[self.group]
-        message["content"] += [_text(p) if isinstance(p, str) else p for p in parts]
+        message["content"] += parts
         if call is not None:
             message.setdefault("tool_calls", []).append(call)
             self.answers.update(dict.fromkeys(call_keys(call), call["id"]))
@@ -222,18 +218,31 @@ def call_keys(call: Mapping[str, Any]) -> list[str]:
     return [call["id"], *([item_id] if isinstance(item_id, str) else [])]
 
 
-def canonical_content(content: Any) -> Any:
-    """Message or output content in the engine's parts (a string stays a string)."""
-    if not isinstance(content, list):
+def canonical_content(content: Any, path: str) -> Any:
+    """Message or output content in the engine's parts (a string stays a string); BadField at
+    `path` when it is neither text nor typed parts, or a text part holds no text."""
+    if isinstance(content, str):
         return content
-    return [canonical_part(part) for part in content]
+    if not isinstance(content, list):
+        raise BadField(path, "a string or an array of typed objects", content)
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append(_text(part["text"]))
+        elif isinstance(kind, str) and kind not in _TEXT_PARTS:
+            parts.append(canonical_part(part))
+        elif kind in _TEXT_PARTS:
+            raise BadField(f"{path}[{j}].text", "a string", part.get("text"))
+        else:
+            raise BadField(path, "a string or an array of typed objects", content)
+    return parts
 
 
 def canonical_part(part: dict[str, Any]) -> dict[str, Any]:
-    """One content part as chat names it, so that the counter's estimates apply."""
+    """A content part other than text as chat names it, so that the counter's estimates
+    apply."""
     kind = part["type"]
-    if kind in _TEXT_PARTS:
-        return _text(part.get("text"))
     if kind == "input_image":
         url = part.get("image_url")
         image = {"url": url if isinstance(url, str) else ""}
@@ -251,7 +260,7 @@ def output_content(output: Any, kind: str) -> tuple[Any, list[dict[str, Any]]]:
     cannot be edited (a screenshot, a structured result): its tool message then shows a
     marker, which no layer makes smaller."""
     if is_editable(output):
-        return canonical_content(output), []
+        return canonical_content(output, ".output"), []
     if isinstance(output, dict) and output.get("type") == "computer_screenshot":
         image = {"type": "image_url", "image_url": {"url": output.get("image_url") or ""}}
         cost = [opaque(media_tokens(image))]
