@@ -86,26 +86,34 @@ class Turn:
 
 
 class Codex:
-    """One Codex session: its history grows by each answer's items and the tools' outputs."""
+    """One Codex session: its history grows by each answer's items and the tools' outputs.
 
-    def __init__(self, url: str, up: FakeUpstream, *, model: str = MODEL) -> None:
+    With `stateless=False` it behaves as the OpenAI Agents SDK does by default instead: `store`
+    unset (true), reasoning items without encrypted content (the upstream has them by id),
+    and output items echoed back whole, ids included.
+    """
+
+    def __init__(
+        self, url: str, up: FakeUpstream, *, model: str = MODEL, stateless: bool = True
+    ) -> None:
         self.client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
         self.up = up
         self.model = model
+        self.stateless = stateless
         self.session = f"codex-{uuid.uuid4().hex}"
         self.input: list[Item] = []
 
     def send(self, **extra: Any) -> Turn:
         """The whole history, streamed; the answer's items are added to the history."""
         seen = len(self.up.requests)
+        if self.stateless:
+            extra |= {"store": False, "include": ["reasoning.encrypted_content"]}
         raw = self.client.responses.with_raw_response.create(
             model=self.model,
             instructions=INSTRUCTIONS,
             input=self.input,
             tools=[SHELL],
-            store=False,
             stream=True,
-            include=["reasoning.encrypted_content"],
             prompt_cache_key=self.session,
             extra_headers={"session_id": self.session},
             **extra,
@@ -115,7 +123,7 @@ class Codex:
             if event.type in ("response.completed", "response.incomplete"):
                 final = event.response
         output = [item.model_dump(mode="json", exclude_unset=True) for item in final.output]
-        self.input += [echoed(item) for item in output]
+        self.input += [echoed(item) for item in output] if self.stateless else output
         forwarded = [
             r.json
             for r in self.up.requests[seen:]

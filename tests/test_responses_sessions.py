@@ -97,6 +97,22 @@ def test_a_40_iteration_agent_loop_at_16k_with_encrypted_reasoning() -> None:
     assert cached > 0
 
 
+def test_an_agents_sdk_loop_with_stored_items_sent_by_id() -> None:
+    """Reasoning items without their content, every item with its id: each call keeps the
+    reasoning item it followed (the upstream refuses it otherwise) through the compactions."""
+    with codex_servers() as (up, server):
+        agent = Codex(server.url, up, stateless=False)
+        agent.said("Fix the failing booking tests.")
+        turns = [agent.send(tool_choice="required")]
+        for i in range(15):
+            agent.answer(result(i))
+            turns.append(agent.send(tool_choice="required"))
+    assert all(t.status == 200 and len(t.forwarded) == 1 for t in turns)
+    assert sum(t.action in ("compacted", "degraded") for t in turns) >= 2
+    reasoning = [i for i in turns[-1].sent if i.get("type") == "reasoning"]
+    assert reasoning and all("encrypted_content" not in i and i["id"] for i in reasoning)
+
+
 def test_summaries_go_upstream_through_responses_with_the_callers_credential() -> None:
     with codex_servers() as (up, server):
         agent = Codex(server.url, up)

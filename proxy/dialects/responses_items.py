@@ -356,10 +356,9 @@ def _edited_group(items: Sequence[Any], original: Message, edited: Message) -> l
         kind = item_type(item)
         if kind in CALLS:
             call = after.get(item["call_id"])
-            arguments = None if call is None else call_arguments(call)
             if call is None:
                 item = None
-            elif arguments != call_arguments(before[item["call_id"]]):
+            elif (arguments := call_arguments(call)) != call_arguments(before[item["call_id"]]):
                 item = {**item, _ARGUMENTS[kind]: arguments}
         kept.append(item)
     return [
