@@ -26,8 +26,10 @@ HELLO = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
 
 
 def test_sdk_create_forwards_the_clients_bytes(
-    server: ServerThread, upstream: FakeUpstream
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
 ) -> None:
+    labels = {"route": "responses", "status": "200"}
+    before = metric(http, server, "compaction_proxy_requests_total", **labels)
     sent: list[httpx.Request] = []
     raw = sdk(server, sent).responses.with_raw_response.create(
         model="gpt-4o-mini", input=HELLO, instructions="Be brief.", store=False
@@ -45,6 +47,7 @@ def test_sdk_create_forwards_the_clients_bytes(
     assert raw.headers["x-compaction-action"] == "none"
     # The proxy counts the prompt as the upstream does.
     assert int(raw.headers["x-compaction-tokens-before"]) == prompt
+    assert metric(http, server, "compaction_proxy_requests_total", **labels) == before + 1
 
 
 @pytest.mark.parametrize("how", ["create", "stream"])
