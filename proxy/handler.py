@@ -223,7 +223,10 @@ class Handler:
         """Calibrate the counter by the upstream's own count of what was forwarded."""
         if usage is None:
             return
-        self.compactor.calibration.observe(request.key, usage.prompt_tokens, forward.tokens_after)
+        if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
+            self.compactor.calibration.observe(
+                request.key, usage.prompt_tokens, forward.tokens_after
+            )
         self.metrics.upstream_prompt_tokens.labels(self.dialect.name).inc(usage.prompt_tokens)
         if usage.cached_tokens:
             self.metrics.cached_prompt_tokens.labels(self.dialect.name).inc(usage.cached_tokens)

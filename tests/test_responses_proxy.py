@@ -170,6 +170,9 @@ def test_history_held_upstream_goes_unchanged(
         assert upstream.requests[-1].body == orjson.dumps(body)
         labels = {"dialect": "responses", "reason": "previous_response_id"}
         assert metric(http, server, "compaction_proxy_held_upstream_total", **labels) == 1
+        # The upstream counted history the proxy never saw: no calibration from it.
+        calibration = server.server.config.app.state.proxy.compactor.calibration
+        assert calibration.ratio(response.headers["x-compaction-session"]) is None
 
 
 def test_usage_is_counted_with_what_the_cache_served(
