@@ -203,6 +203,39 @@ def long_history(tokens: int, model: str = "gpt-4o") -> list[dict[str, Any]]:
     raise ValueError(f"the traces hold fewer than {tokens} tokens")
 
 
+def as_responses_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat history as a Codex-like Responses input: system as developer messages, tool
+    calls as function_call items after an encrypted reasoning item, results as outputs."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        text = content if isinstance(content, str) else str(content)
+        if role == "tool":
+            items.append(
+                {"type": "function_call_output", "call_id": message["tool_call_id"], "output": text}
+            )
+            continue
+        if role == "assistant" and message.get("tool_calls"):
+            items.append({"type": "reasoning", "summary": [], "encrypted_content": "gAAAAA" * 200})
+        if text:
+            kind = "output_text" if role == "assistant" else "input_text"
+            role = "developer" if role == "system" else role
+            items.append(
+                {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+            )
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                }
+            )
+    return items
+
+
 def machine() -> str:
     cpu = next(
         (

@@ -7,7 +7,8 @@ Compaction: `policies.compact` with the policy of the shipped config.yaml, the m
 (no LLM) and the proxy's token counter for gpt-4o at its 128k window; cold is a counter with an
 empty cache (every message tokenised), warm the same counter again (counts cached: the steady
 state of a session, target <= 20 ms). Not compacted: `Compactor.prepare` of the proxy for a
-128k-token request, on the memory store, with its parts timed apart. Prints p50/p99/min in ms.
+128k-token request, as chat completions and as a Codex-like Responses input, on the memory
+store, with its parts timed apart. Prints p50/p99/min in ms.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ import tiktoken
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, long_history, machine, percentile
+from common import as_responses_items, free_port, long_history, machine, percentile
 
 import policies
 from proxy.app import Proxy
 from proxy.config import Config, Policy, load, loads
+from proxy.dialects import Dialect
 from proxy.dialects.chat import Chat
+from proxy.dialects.responses import Responses
 from proxy.memo import content_keys
 from proxy.metrics import Metrics
 from proxy.models import ModelCatalog
@@ -149,34 +152,41 @@ models:
     )
 
 
-def chat_of(config: Config, model: str, messages: list[dict[str, Any]]) -> ClientRequest:
-    dialect = Chat()
+def request_of(config: Config, model: str, dialect: Dialect, body: dict[str, Any]) -> ClientRequest:
     policy, upstream = config.route(dialect.name, model, None)
     return ClientRequest(
         dialect=dialect,
-        parsed=dialect.parse(orjson.dumps({"model": model, "messages": messages})),
+        parsed=dialect.parse(orjson.dumps({"model": model, **body})),
         tenant="bench",
-        session=model,
+        session=f"{dialect.name}-{model}",
         policy=policy,
         upstream=upstream,
         credentials=(),
     )
 
 
-async def bench_request(runs: int) -> list[str]:
+async def bench_request(runs: int, dialect: Dialect) -> list[str]:
+    """`dialect`'s request of the long history: chat messages, or Codex-like Responses items."""
     messages = long_history(REQUEST_TOKENS, MODEL)
+    body = (
+        {"messages": messages}
+        if dialect.name == "chat"
+        else {"input": as_responses_items(messages), "instructions": "You are Codex."}
+    )
     store = MemoryStore(ttl_seconds=3600)
     config = proxy_config()
     client = UpstreamClient()
     proxy = Proxy(config, store, client, Metrics())
     compactor = proxy.compactor
-    keys = content_keys(messages)
+    raw = orjson.dumps({"model": MODEL, **body})
+    plain = request_of(config, LARGE_MODEL, dialect, body)  # under every level: forwarded as is
+    replay = request_of(config, MODEL, dialect, body)  # over MODEL's compact level: a plan
+    canonical = replay.messages
+    keys = content_keys(canonical)
     counter = proxy.limits.limits(MODEL).counter
-    plain = chat_of(config, LARGE_MODEL, messages)  # under every level: forwarded as it is
-    replay = chat_of(config, MODEL, messages)  # over MODEL's compact level: its plan applies
 
-    async def prepare(chat: ClientRequest, *actions: str) -> None:
-        forward = await compactor.prepare(chat)
+    async def prepare(request: ClientRequest, *actions: str) -> None:
+        forward = await compactor.prepare(request)
         if forward.action not in actions:
             raise RuntimeError(f"expected {actions}, the proxy did {forward.action}")
 
@@ -190,15 +200,17 @@ async def bench_request(runs: int) -> list[str]:
     await prepare(replay, "compacted", "degraded")
     await prepare(plain, "none")  # counts cached, as after the session's first request
     await prepare(replay, "replayed")
+    items = len(replay.parsed.items)
     lines = [
-        f"a request of {len(messages)} messages, {counter.count(messages)} tokens, not "
-        "compacted (memory store):",
+        f"{dialect.name}: a request of {items} items ({len(canonical)} messages), "
+        f"{counter.count(canonical)} tokens, not compacted (memory store):",
         f"{'':34} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8}",
+        f"{'parse (json, checks, mapping)':34} {ms(await timed(lambda: dialect.parse(raw), runs))}",
         f"{'content keys (one dumps+hash each)':34} "
-        f"{ms(await timed(lambda: content_keys(messages), runs))}",
+        f"{ms(await timed(lambda: content_keys(canonical), runs))}",
         f"{'chain (memoised digests)':34} "
-        f"{ms(await timed(lambda: compactor.digests(messages, keys), runs))}",
-        f"{'counts (cached)':34} {ms(await timed(lambda: counter.counts(messages, keys), runs))}",
+        f"{ms(await timed(lambda: compactor.digests(canonical, keys), runs))}",
+        f"{'counts (cached)':34} {ms(await timed(lambda: counter.counts(canonical, keys), runs))}",
         f"{'store get + parse':34} {ms(await timed(get, runs))}",
         f"{'Compactor.prepare, action none':34} "
         f"{ms(await timed(lambda: prepare(plain, 'none'), runs))}",
@@ -219,9 +231,10 @@ async def main() -> None:
     print(conditions())
     for line in await bench_compaction(args.runs):
         print(line)
-    print()
-    for line in await bench_request(args.runs):
-        print(line)
+    for dialect in (Chat(), Responses()):
+        print()
+        for line in await bench_request(args.runs, dialect):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,14 @@ def media_tokens(part: Mapping[str, Any]) -> int:
     Images follow OpenAI's rule: 85 at low detail, else 85 + 170 per 512-pixel tile after
     scaling into 2048x2048 and the short side down to 768; the size is read from a data
     URL's header, and taken as 1024x1024 when it is not known. Documents and audio are
-    estimated from the size of their data.
+    estimated from the size of their data. An opaque part, `{"type": "opaque", "tokens": N}`,
+    stands for content nobody can read (encrypted reasoning, a reference to a stored item)
+    and costs the N tokens its dialect estimated.
     """
     kind = part.get("type")
+    if kind == "opaque":
+        tokens = part.get("tokens")
+        return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
     payload = part.get(kind) if isinstance(kind, str) else None
     if not isinstance(payload, dict):
         return 0

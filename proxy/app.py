@@ -11,8 +11,9 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from .admin import Admin
 from .ahead import PreparedSummaries
@@ -119,6 +120,12 @@ class Proxy:
 
     async def not_found(self, request: Request) -> ASGIApp:
         raise NotFound(f"Invalid URL ({request.method} {request.url.path})")
+
+
+async def refuse_websocket(websocket: WebSocket) -> None:
+    """The proxy speaks HTTP only: a WebSocket upgrade (Codex CLI tries one on /v1/responses
+    first) is refused at once, with a 403, and the client falls back to HTTP."""
+    await websocket.close()
 
 
 def _relative_path(request: Request) -> str:
@@ -249,6 +256,7 @@ def create_app(
         Route("/healthz", proxy.healthz, methods=["GET"]),
         Route("/readyz", proxy.readyz, methods=["GET"]),
         Route("/metrics", proxy.metrics_endpoint, methods=["GET"]),
+        WebSocketRoute("/{path:path}", refuse_websocket),
     ]
     if config.admin.token:
         admin_sessions = Sessions(store, metrics, fail_open=False)

@@ -84,9 +84,10 @@ class Compactor:
         view = [m for _, m in entries] if entries is not None else None
         tokens = tokens_before if view is None else turn.tokens(view)
         pending = turn.loaded.state.pending
-        if not turn.budget.usable:
+        if not turn.budget.usable or request.parsed.opaque_reason is not None:
             # max_tokens leaves no room for a prompt: compacting would strip the session to
-            # nothing. The upstream judges the request as it is.
+            # nothing; or the conversation is held upstream, out of the proxy's sight. The
+            # upstream judges the request as it is.
             return dataclasses.replace(
                 self._forward(turn, None, "none", tokens_before, tokens_before), can_retry=False
             )
@@ -178,7 +179,9 @@ class Compactor:
             )
             if not result.fits:
                 if turn.limits.counter.mode == "exact":
-                    raise ContextLengthExceeded(_overflow_message(turn, result), param="messages")
+                    raise ContextLengthExceeded(
+                        _overflow_message(turn, result), param=request.dialect.conversation_param
+                    )
                 # An estimate (an unknown model, a guessed window) says nothing fits: forward
                 # the request as it is and let the upstream judge. Nothing is stored: a plan
                 # made from a wrong guess would strip every later turn of the session.
@@ -239,8 +242,8 @@ def _overflow_message(turn: Turn, result: policies.Compaction) -> str:
     budget = turn.budget
     return (
         f"This model's maximum context length is {turn.limits.window} tokens. Even after "
-        f"compaction, the system messages and the current turn need {result.floor_tokens} "
+        f"compaction, the system prompt, tools and the current turn need {result.floor_tokens} "
         f"tokens, and {budget.reserved_output} are reserved for the output, which leaves "
         f"{budget.limit} tokens for the prompt. Please shorten the current message or the "
-        "system prompt, or lower max_tokens."
+        "system prompt, or lower the maximum output tokens."
     )

@@ -91,6 +91,12 @@ class Handler:
             ),
         )
         forward = await self.compactor.prepare(client_request)
+        if parsed.opaque_reason is not None:
+            self.metrics.held_upstream.labels(self.dialect.name, parsed.opaque_reason).inc()
+            log.debug(
+                "history held upstream: forwarded unchanged",
+                extra={"api": self.dialect.name, "reason": parsed.opaque_reason},
+            )
         send_headers = relayable(headers.items(), self.drop_headers)
         send_headers.append(("Accept-Encoding", "identity"))
         query = query_string(request)
@@ -215,10 +221,15 @@ class Handler:
 
     def _calibrate(self, request: ClientRequest, forward: Forward, usage: Usage | None) -> None:
         """Calibrate the counter by the upstream's own count of what was forwarded."""
-        if usage is not None:
+        if usage is None:
+            return
+        if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
             self.compactor.calibration.observe(
                 request.key, usage.prompt_tokens, forward.tokens_after
             )
+        self.metrics.upstream_prompt_tokens.labels(self.dialect.name).inc(usage.prompt_tokens)
+        if usage.cached_tokens:
+            self.metrics.cached_prompt_tokens.labels(self.dialect.name).inc(usage.cached_tokens)
 
     def _count(self, forward: Forward, status: int) -> None:
         self.metrics.requests.labels(self.dialect.name, str(status)).inc()

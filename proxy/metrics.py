@@ -64,6 +64,25 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.upstream_prompt_tokens = Counter(
+            "compaction_proxy_upstream_prompt_tokens",
+            "Prompt tokens of forwarded requests as the upstream counted them (its usage).",
+            ["dialect"],
+            registry=r,
+        )
+        self.cached_prompt_tokens = Counter(
+            "compaction_proxy_cached_prompt_tokens",
+            "Of those, the tokens the upstream served from its prompt cache (its usage).",
+            ["dialect"],
+            registry=r,
+        )
+        self.held_upstream = Counter(
+            "compaction_proxy_held_upstream",
+            "Requests forwarded unchanged because their history is held upstream, by reason "
+            "(previous_response_id, conversation).",
+            ["dialect", "reason"],
+            registry=r,
+        )
         self.summaries = Counter(
             "compaction_proxy_summaries",
             "Summarizer calls by outcome.",

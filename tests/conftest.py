@@ -6,6 +6,7 @@ test); tests whose config differs build their own proxy with `proxy_config` and 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -84,6 +85,14 @@ def server(shared_server: ServerThread, upstream: FakeUpstream) -> ServerThread:
 def proxy_config(upstream: FakeUpstream) -> ConfigFactory:
     """`proxy_config(listen={...}, ...)`: a config in front of `upstream`, sections merged in."""
     return lambda **sections: config_for(upstream, **sections)
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -213,13 +212,6 @@ def test_compaction_headers_on_every_chat_completion(
     response = http.post(server.url + CHAT, json=body, headers={"x-fake-behavior": behavior})
     assert response.status_code == status
     check_compaction_headers(response.headers)
-
-
-@pytest.fixture
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_store_down_fails_open_and_readyz_says_so(

@@ -96,13 +96,6 @@ def test_the_body_cap(
     assert http.post(url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
 
 
-@pytest.fixture
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_unreachable_upstream_is_a_502(http: httpx.Client, closed_port: int) -> None:
     config = loads(f"upstreams:\n  gone:\n    base_url: http://127.0.0.1:{closed_port}/v1\n")
     with proxy_server(config) as server:

@@ -6,8 +6,9 @@ A new wire format is one new module here with a `Dialect` subclass, added to `DI
 from ..config import DIALECTS_BY_KIND
 from .base import Dialect, Entries, Parsed, Usage
 from .chat import Chat
+from .responses import Responses
 
-DIALECTS: tuple[Dialect, ...] = (Chat(),)
+DIALECTS: tuple[Dialect, ...] = (Chat(), Responses())
 _BY_NAME = {dialect.name: dialect for dialect in DIALECTS}
 
 

@@ -31,6 +31,8 @@ class Parsed:
     `messages` is the canonical conversation; canonical message `i` stands for the native
     items `items[spans[i]]`, or for `items[i]` alone when `spans` is None (chat completions;
     for the Responses API a function call and the reasoning item before it, say).
+    `opaque_reason` says why the proxy cannot see the whole conversation (it is held
+    upstream, e.g. `previous_response_id`): such a request is forwarded unchanged.
     """
 
     raw: bytes
@@ -41,6 +43,7 @@ class Parsed:
     spans: Sequence[slice] | None
     stream: bool
     max_output: int | None
+    opaque_reason: str | None = None
 
     def native(self, index: int) -> Sequence[Any]:
         """The native items canonical message `index` stands for."""
@@ -63,6 +66,7 @@ class Dialect(ABC):
     name: ClassVar[str]  # as config routes name it: chat, responses, messages
     path: ClassVar[str]  # the inbound path
     upstream_path: ClassVar[str]  # relative to the upstream's base URL
+    conversation_param: ClassVar[str]  # the body field holding the conversation
 
     @abstractmethod
     def parse(self, raw: bytes) -> Parsed:

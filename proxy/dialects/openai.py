@@ -1,0 +1,135 @@
+"""What OpenAI's two APIs (chat completions and Responses) share: the error shape, the body
+checks, usage, the overflow error and which models reason."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+from ..errors import APIError, InvalidRequest, ProxyError
+from .base import Dialect, Usage
+
+REASONING_HEADROOM_TOKENS = 2048  # output room for a reasoning model's reasoning
+
+
+class OpenAIDialect(Dialect):
+    """A dialect of OpenAI's: its errors, its context overflow and its usage are OpenAI's."""
+
+    # Where usage holds the prompt tokens, and the details that hold the cached ones.
+    usage_fields: ClassVar[tuple[str, str]]
+
+    def error_body(self, error: APIError) -> bytes:
+        return openai_error_body(error)
+
+    def usage(self, payload: bytes) -> Usage | None:
+        try:
+            body = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return None
+        return self.usage_of(body.get("usage") if isinstance(body, dict) else None)
+
+    def usage_of(self, usage: Any) -> Usage | None:
+        """The prompt tokens and the cached ones of a `usage` object."""
+        if not isinstance(usage, dict):
+            return None
+        tokens, details = self.usage_fields
+        prompt = usage.get(tokens)
+        if not isinstance(prompt, int) or isinstance(prompt, bool):
+            return None
+        found = usage.get(details)
+        cached = found.get("cached_tokens") if isinstance(found, dict) else None
+        if not isinstance(cached, int) or isinstance(cached, bool):
+            cached = None
+        return Usage(prompt, cached)
+
+    def is_overflow(self, status: int, payload: bytes) -> bool:
+        return status == 400 and openai_error_code(payload) == "context_length_exceeded"
+
+
+def openai_error_body(error: APIError) -> bytes:
+    """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    return orjson.dumps(
+        {
+            "error": {
+                "message": error.message,
+                "type": error.error_type,
+                "param": error.param,
+                "code": error.code,
+            }
+        }
+    )
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object with a model, or OpenAI's 400 saying why not."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {exc.msg} at position {exc.pos}. "
+            "The request body must be a JSON object.",
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("you must provide a model parameter", param="model")
+    return body
+
+
+def optional_int(body: dict[str, Any], name: str) -> int | None:
+    """An optional integer field of the body; OpenAI's 400 when it is something else."""
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InvalidRequest(f"'{name}' must be an integer", param=name)
+    return value
+
+
+def is_reasoning_model(model: str) -> bool:
+    """OpenAI's reasoning models (o-series, gpt-5 family, codex), provider prefixes ignored."""
+    name = model.rsplit("/", 1)[-1].lower()
+    return name.startswith(("o1", "o3", "o4", "gpt-5", "codex"))
+
+
+def openai_error_code(payload: bytes) -> str | None:
+    """The `error.code` of an OpenAI error body, if it is one."""
+    try:
+        error = orjson.loads(payload).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+class BadField(ProxyError):
+    """A field compaction reads has the wrong type: a signal inside the dialects, which turn
+    it into `invalid_type` with the field's full location."""
+
+    def __init__(self, path: str, expected: str, value: Any) -> None:
+        self.path, self.expected, self.value = path, expected, value
+
+
+def check_string(value: Any, path: str) -> None:
+    """An optional string field."""
+    if value is not None and not isinstance(value, str):
+        raise BadField(path, "a string", value)
+
+
+def all_typed_objects(content: Any) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
+    )
+
+
+_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+
+
+def invalid_type(param: str, expected: str, value: Any) -> InvalidRequest:
+    """OpenAI's 400 for a field of the wrong type."""
+    got = "null" if value is None else _KINDS.get(type(value), "a number")
+    return InvalidRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
+        param=param,
+        code="invalid_type",
+    )
