@@ -1,20 +1,34 @@
-# A small image that runs `compaction-proxy serve` on the config baked in (or one mounted at
-# /etc/compaction-proxy/config.yaml and named with --config).
+# The proxy as a small image: `compaction-proxy serve` on 0.0.0.0:$PORT with the config at
+# /etc/compaction-proxy/config.yaml (the repository's defaults; mount your own over it).
+# Runs as uid 10001, writes nothing to its filesystem (fine with a read-only root).
+# scripts/docker-smoke.sh builds it and proves it serves; scripts/docker-base.sh makes the base
+# image from Debian packages where no registry can be reached.
 FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY proxy ./proxy
+# Dependencies first, from pyproject.toml alone, so that a code change reuses this layer.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > deps.txt && pip install -r deps.txt
+COPY README.md LICENSE ./
 COPY policies ./policies
-RUN pip install --no-cache-dir --prefix=/install .
+COPY proxy ./proxy
+RUN pip install --no-deps . && pip uninstall -y -q pip setuptools
 
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
-COPY --from=build /install /usr/local
+# base-passwd already has a `proxy` user (uid 13): the image's user is `app`, uid 10001.
+RUN groupadd --gid 10001 app \
+    && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin app
+COPY --from=build /opt/venv /opt/venv
 COPY config.yaml /etc/compaction-proxy/config.yaml
-RUN useradd --system --uid 10001 proxy
-USER proxy
+ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True PORT=8080
+# Numeric, so that Kubernetes' runAsNonRoot can verify it.
+USER 10001:10001
 EXPOSE 8080
-# Inside a container the proxy must listen on all interfaces; a config that holds an upstream
+# Inside a container the proxy listens on all interfaces: a config that holds an upstream
 # api_key then needs auth.keys (or auth.allow_unauthenticated) or it refuses to start.
-ENTRYPOINT ["compaction-proxy", "serve", "--config", "/etc/compaction-proxy/config.yaml", "--host", "0.0.0.0"]
-HEALTHCHECK --interval=30s --timeout=3s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)" || exit 1
+# Arguments given to `docker run` are added (a later --config wins).
+ENTRYPOINT ["/bin/sh", "-c", "exec compaction-proxy serve --config /etc/compaction-proxy/config.yaml --host 0.0.0.0 --port \"$PORT\" \"$@\"", "compaction-proxy"]
+HEALTHCHECK --start-period=20s --interval=15s --timeout=3s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ['PORT']}/healthz\", timeout=2)"]
