@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,8 +115,19 @@ def _serve(config: config_module.Config) -> int:
     from .app import create_app, server_config
     from .logs import configure
 
+    class Server(uvicorn.Server):
+        """Says where it listens once it does (uvicorn's own line is below its log level)."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for bound in (s.getsockname() for server in self.servers for s in server.sockets):
+                host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+                logging.getLogger("compaction_proxy").info(
+                    "listening", extra={"url": f"http://{host}:{bound[1]}"}
+                )
+
     configure(config.logging)
-    uvicorn.Server(server_config(create_app(config), config)).run()
+    Server(server_config(create_app(config), config)).run()
     return 0
 
 

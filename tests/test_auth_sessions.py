@@ -206,7 +206,18 @@ def test_an_open_relay_is_refused(upstream: FakeUpstream) -> None:
         relay_config(upstream, listen={"host": "0.0.0.0"})
     (problem,) = refused.value.problems
     assert problem.startswith("auth")
-    assert "0.0.0.0" in problem and "auth.keys" in problem
+    assert "upstream 'fake' holds its own api_key and the proxy listens on 0.0.0.0" in problem
+    assert "auth.keys" in problem
+    other = {"base_url": upstream.base_url, "api_key": "sk-other"}
+    with pytest.raises(ConfigError) as both:
+        config_for(
+            upstream,
+            upstreams={"fake": {"api_key": UPSTREAM_KEY}, "other": other},
+            default_upstream="fake",
+            listen={"host": "0.0.0.0"},
+        )
+    (problem,) = both.value.problems
+    assert "upstreams 'fake', 'other' hold their own api_keys" in problem
 
 
 @pytest.mark.parametrize(

@@ -128,3 +128,6 @@ def test_serve_starts_on_the_repository_config() -> None:
     # uvicorn shuts down gracefully, then re-raises the signal it caught
     assert server.returncode in (0, -signal.SIGTERM), err
     assert b"Traceback" not in err
+    # Where it listens, said once it does.
+    said = [orjson.loads(line) for line in err.splitlines() if b'"listening"' in line]
+    assert [event["url"] for event in said] == [f"http://127.0.0.1:{port}"]

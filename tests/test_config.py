@@ -322,6 +322,16 @@ def test_every_problem_of_a_kind_is_reported_at_once(text: str, keys: list[str])
 def test_not_yaml_or_unsafe_yaml_is_refused(text: str) -> None:
     (problem,) = problems(text)
     assert "not valid YAML" in problem
+    assert 'in "<config>", line' in problem  # where, by the source's name
+
+
+def test_a_yaml_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("listen:\n  port: 8080\n   host: 0.0.0.0\n")
+    with pytest.raises(ConfigError) as error:
+        load(path)
+    (problem,) = error.value.problems
+    assert f'in "{path}", line 3, column 8' in problem
 
 
 def test_a_file_that_cannot_be_read(tmp_path: Path) -> None:

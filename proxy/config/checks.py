@@ -140,11 +140,16 @@ def _check_open_relay(config: Config, p: Problem) -> None:
             )
     open_relay = holds_key and not config.auth.keys and not config.auth.allow_unauthenticated
     if open_relay and not _is_loopback(config.listen.host):
+        holders = (
+            f"upstream {holds_key[0]!r} holds its own api_key"
+            if len(holds_key) == 1
+            else f"upstreams {', '.join(repr(n) for n in holds_key)} hold their own api_keys"
+        )
         p(
             ("auth",),
-            f"upstreams {', '.join(holds_key)} hold their own api_key and the proxy listens "
-            f"on {config.listen.host}: anyone who reaches it would spend that key. Configure "
-            "auth.keys, listen on 127.0.0.1, or set auth.allow_unauthenticated: true",
+            f"{holders} and the proxy listens on {config.listen.host}, so anyone who reaches "
+            "it could spend them. Configure auth.keys, listen on 127.0.0.1, or set "
+            "auth.allow_unauthenticated: true",
         )
 
 

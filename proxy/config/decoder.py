@@ -62,6 +62,10 @@ def load_yaml(text: str, source: Source) -> Any:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
+        # PyYAML names a string it parsed "<unicode string>": name the file instead.
+        for mark in (getattr(exc, "context_mark", None), getattr(exc, "problem_mark", None)):
+            if mark is not None:
+                mark.name = source.name
         raise ConfigError([f"{source.name}: not valid YAML: {exc}"]) from None
     if node is not None:
         _note_lines(node, (), source.lines)
