@@ -74,13 +74,22 @@ class Harness:
     config: Config
     servers: list[ServerThread]
     redis: redis.Redis
+    stack: contextlib.ExitStack  # closes what the harness hands out when it ends
 
     @property
     def url(self) -> str:
         return self.servers[0].url
 
-    def conversation(self, session: str = "s1", *, server: int = 0, **kwargs: Any) -> Conversation:
-        return Conversation(self.servers[server].url, session, **kwargs)
+    def openai(self, server: int = 0, api_key: str = "sk-test") -> openai.OpenAI:
+        """The SDK pointed at one of the proxies; closed with the harness."""
+        url = self.servers[server].url + "/v1"
+        client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0)
+        return self.stack.enter_context(client)
+
+    def conversation(
+        self, session: str = "s1", *, server: int = 0, api_key: str = "sk-test", **kwargs: Any
+    ) -> Conversation:
+        return Conversation(self.openai(server, api_key), session, **kwargs)
 
     def budget(self, model: str = MODEL) -> Budget:
         """The budget the proxy computes for `model` (no max_tokens, no calibration)."""
@@ -151,7 +160,7 @@ def harness(*, replicas: int = 1, redis_url: str = REDIS_URL, **sections: Any) -
         )
         config = config_for(up, **merged(defaults, sections))
         servers = [stack.enter_context(proxy_server(config)) for _ in range(replicas)]
-        yield Harness(up, summaries, config, servers, client)
+        yield Harness(up, summaries, config, servers, client, stack)
 
 
 def _delete_keys(client: redis.Redis, prefix: str) -> None:
@@ -165,16 +174,10 @@ class Conversation:
     """A chat as a client holds it: the whole history is resent every turn."""
 
     def __init__(
-        self,
-        url: str,
-        session: str,
-        *,
-        model: str = MODEL,
-        api_key: str = "sk-test",
-        rounds: int = 0,
+        self, client: openai.OpenAI, session: str, *, model: str = MODEL, rounds: int = 0
     ) -> None:
         """`rounds`: start with that many rounds of `history` already said."""
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0)
+        self.client = client
         self.session = session
         self.model = model
         self.messages = history(rounds)[:-1]

@@ -153,14 +153,16 @@ def test_a_missing_or_wrong_proxy_key_is_a_401(
 def test_the_right_proxy_key_is_served_and_not_forwarded(
     http: httpx.Client, keyed_server: ServerThread, upstream: FakeUpstream
 ) -> None:
-    client = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="pk-a", max_retries=0)
-    answer = client.chat.completions.with_raw_response.create(model="small-8k", messages=HELLO)
-    assert answer.parse().choices[0].message.content
-    assert client.models.list().data[0].id
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(
-            base_url=keyed_server.url + "/v1", api_key="pk-c", max_retries=0
-        ).models.list()
+    url = keyed_server.url + "/v1"
+    with openai.OpenAI(base_url=url, api_key="pk-a", max_retries=0) as client:
+        answer = client.chat.completions.with_raw_response.create(model="small-8k", messages=HELLO)
+        assert answer.parse().choices[0].message.content
+        assert client.models.list().data[0].id
+    with (
+        openai.OpenAI(base_url=url, api_key="pk-c", max_retries=0) as other,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        other.models.list()
     for received in upstream.requests:
         assert received.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
         assert not any("pk-a" in value for value in received.headers.values())

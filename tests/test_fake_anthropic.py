@@ -72,8 +72,9 @@ def fresh(up: FakeAnthropic) -> None:
 
 
 @pytest.fixture
-def client(up: FakeAnthropic) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=up.base_url, api_key=KEY, max_retries=0)
+def client(up: FakeAnthropic) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=up.base_url, api_key=KEY, max_retries=0) as sdk:
+        yield sdk
 
 
 @pytest.fixture
@@ -761,8 +762,10 @@ def test_unknown_paths_and_behaviours(http: httpx.Client, client: anthropic.Anth
 
 
 def test_hang_counts_a_cancellation(up: FakeAnthropic) -> None:
-    slow = anthropic.Anthropic(base_url=up.base_url, api_key=KEY, max_retries=0, timeout=0.3)
-    with pytest.raises(anthropic.APITimeoutError):
+    with (
+        anthropic.Anthropic(base_url=up.base_url, api_key=KEY, max_retries=0, timeout=0.3) as slow,
+        pytest.raises(anthropic.APITimeoutError),
+    ):
         slow.messages.create(
             model=MODEL, max_tokens=10, messages=HELLO, extra_headers={"x-fake-behavior": "hang"}
         )

@@ -105,8 +105,9 @@ def _fresh(up: FakeUpstream) -> None:
 
 
 @pytest.fixture
-def client(up: FakeUpstream) -> openai.OpenAI:
-    return openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0)
+def client(up: FakeUpstream) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0) as sdk:
+        yield sdk
 
 
 @pytest.fixture
@@ -893,8 +894,10 @@ def test_summary_requests_go_to_the_hook() -> None:
         seen.append(body)
         return "## Goal\ndeploy svc-42"
 
-    with FakeUpstream(summarizer=hook) as up:
-        client = openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0)
+    with (
+        FakeUpstream(summarizer=hook) as up,
+        openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0) as client,
+    ):
         by_prompt = client.responses.create(
             model="gpt-5-mini",
             instructions="You are compacting a conversation. Keep ids verbatim.",

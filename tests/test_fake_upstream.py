@@ -87,8 +87,9 @@ def _fresh(up: FakeUpstream) -> None:
 
 
 @pytest.fixture
-def client(up: FakeUpstream) -> openai.OpenAI:
-    return openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0)
+def client(up: FakeUpstream) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0) as sdk:
+        yield sdk
 
 
 @pytest.fixture
@@ -674,8 +675,10 @@ def test_summary_requests_go_to_the_hook() -> None:
         seen.append(body)
         return "## Goal\ndeploy svc-42"
 
-    with FakeUpstream(summarizer=hook) as up:
-        client = openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0)
+    with (
+        FakeUpstream(summarizer=hook) as up,
+        openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0) as client,
+    ):
         by_prompt = client.chat.completions.create(model="gpt-4o-mini", messages=SUMMARY_ASK)
         assert by_prompt.choices[0].message.content == "## Goal\ndeploy svc-42"
         client.chat.completions.create(
@@ -727,8 +730,10 @@ def test_summary_hook_results(hook: Any, status: int, content: str | None) -> No
 
 def test_summary_delay_times_out_the_client() -> None:
     with FakeUpstream(summary_delay=1.0) as up:
-        client = openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0)
-        with pytest.raises(openai.APITimeoutError):
+        with (
+            openai.OpenAI(base_url=up.base_url, api_key="sk-test", max_retries=0) as client,
+            pytest.raises(openai.APITimeoutError),
+        ):
             client.chat.completions.create(model="gpt-4o-mini", messages=SUMMARY_ASK, timeout=0.2)
         assert up.summary_calls == 1
         assert up.wait_for(lambda: up.cancelled == 1)
@@ -752,11 +757,17 @@ def test_models_and_embeddings(up: FakeUpstream, client: openai.OpenAI, http: ht
 
 def test_api_key_is_checked_when_configured() -> None:
     with FakeUpstream(api_key="sk-right-key-1234") as up:
-        right = openai.OpenAI(base_url=up.base_url, api_key="sk-right-key-1234", max_retries=0)
-        assert right.chat.completions.create(model="gpt-4o-mini", messages=HELLO).choices
-        wrong = openai.OpenAI(base_url=up.base_url, api_key="sk-wrong-key-9876", max_retries=0)
-        with pytest.raises(openai.AuthenticationError) as caught:
-            wrong.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        with (
+            openai.OpenAI(
+                base_url=up.base_url, api_key="sk-right-key-1234", max_retries=0
+            ) as right,
+            openai.OpenAI(
+                base_url=up.base_url, api_key="sk-wrong-key-9876", max_retries=0
+            ) as wrong,
+        ):
+            assert right.chat.completions.create(model="gpt-4o-mini", messages=HELLO).choices
+            with pytest.raises(openai.AuthenticationError) as caught:
+                wrong.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
         assert caught.value.code == "invalid_api_key"
         assert "sk-wrong-key-9876" not in caught.value.message and "9876" in caught.value.message
         anonymous = httpx.post(up.base_url + "/chat/completions", content=chat(HELLO))
@@ -781,21 +792,21 @@ async def test_concurrent_requests_are_all_recorded(up: FakeUpstream) -> None:
 
 
 def test_command_line_serves_until_stopped() -> None:
-    process = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "tests.fake_upstream", "--port", "0", "--window", "tiny=100"],
         cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert process.stdout is not None
-        base_url = process.stdout.readline().strip()
-        models = httpx.get(base_url + "/models").json()
-        assert [m["id"] for m in models["data"]] == ["tiny"]
-        too_long = httpx.post(
-            base_url + "/chat/completions", json={"model": "tiny", "messages": padded(200)}
-        )
-        assert too_long.json()["error"]["code"] == "context_length_exceeded"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    ) as process:
+        try:
+            assert process.stdout is not None
+            base_url = process.stdout.readline().strip()
+            models = httpx.get(base_url + "/models").json()
+            assert [m["id"] for m in models["data"]] == ["tiny"]
+            too_long = httpx.post(
+                base_url + "/chat/completions", json={"model": "tiny", "messages": padded(200)}
+            )
+            assert too_long.json()["error"]["code"] == "context_length_exceeded"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

@@ -153,20 +153,20 @@ def test_upstream_errors_reach_the_client_unchanged(
 def test_upstream_validation_errors_reach_the_sdk(
     server: ServerThread, upstream: FakeUpstream
 ) -> None:
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
-    orphan = [*HELLO, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
-    with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model="small-8k", messages=orphan)
-    assert bad.value.code is None and "role 'tool'" in bad.value.message
-    with pytest.raises(openai.RateLimitError) as limited:
-        client.chat.completions.create(
-            model="small-8k", messages=HELLO, extra_headers={"x-fake-behavior": "status:429"}
-        )
-    assert limited.value.code == "rate_limit_exceeded"
-    upstream.api_key = "sk-right"
-    with pytest.raises(openai.AuthenticationError) as denied:
-        client.models.list()
-    assert denied.value.code == "invalid_api_key"
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        orphan = [*HELLO, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.chat.completions.create(model="small-8k", messages=orphan)
+        assert bad.value.code is None and "role 'tool'" in bad.value.message
+        with pytest.raises(openai.RateLimitError) as limited:
+            client.chat.completions.create(
+                model="small-8k", messages=HELLO, extra_headers={"x-fake-behavior": "status:429"}
+            )
+        assert limited.value.code == "rate_limit_exceeded"
+        upstream.api_key = "sk-right"
+        with pytest.raises(openai.AuthenticationError) as denied:
+            client.models.list()
+        assert denied.value.code == "invalid_api_key"
 
 
 def test_an_answer_cut_short_is_a_502(

@@ -36,13 +36,13 @@ def test_sdk_models_and_embeddings_are_the_upstreams(
     server: ServerThread, upstream: FakeUpstream
 ) -> None:
     def calls(base_url: str) -> tuple[object, ...]:
-        client = openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
-        models = client.models.list().model_dump()
-        floats = client.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
-        encoded = client.embeddings.create(
-            model="text-embedding-3-small", input="c", encoding_format="base64", dimensions=4
-        )
-        return models, floats.model_dump(), encoded.model_dump(warnings=False)
+        with openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
+            models = client.models.list().model_dump()
+            floats = client.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
+            encoded = client.embeddings.create(
+                model="text-embedding-3-small", input="c", encoding_format="base64", dimensions=4
+            )
+            return models, floats.model_dump(), encoded.model_dump(warnings=False)
 
     assert calls(server.url + "/v1") == calls(upstream.base_url)
     paths = ["/v1/models", "/v1/embeddings", "/v1/embeddings"]

@@ -90,12 +90,12 @@ def test_the_client_gets_the_upstreams_bytes(
 
 
 def test_sync_and_async_sdk_streams(server: ServerThread, upstream: FakeUpstream) -> None:
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
-    chunks = list(client.chat.completions.create(model="small-8k", messages=HELLO, stream=True))
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    prompt = count_prompt_tokens({"model": "small-8k", "messages": HELLO})
-    assert text == reply_text(prompt, "hi")
-    assert all(c.usage is None for c in chunks)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        chunks = list(client.chat.completions.create(model="small-8k", messages=HELLO, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        prompt = count_prompt_tokens({"model": "small-8k", "messages": HELLO})
+        assert text == reply_text(prompt, "hi")
+        assert all(c.usage is None for c in chunks)
 
 
 async def test_async_sdk_stream_with_usage(server: ServerThread, upstream: FakeUpstream) -> None:
@@ -150,18 +150,20 @@ def test_a_stream_reset_by_the_upstream_is_not_completed(
     assert len(events(proxied)) == 2  # the events sent before the reset
     assert b"[DONE]" not in proxied
 
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
-    chunks = []
-    with pytest.raises((httpx.TransportError, openai.APIConnectionError)):
-        for chunk in client.chat.completions.create(
-            model="small-8k",
-            messages=HELLO,
-            stream=True,
-            extra_headers={"x-fake-behavior": "reset-mid-stream"},
-        ):
-            chunks.append(chunk)
-    assert len(chunks) == 2
-    assert http.post(server.url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        chunks = []
+        with pytest.raises((httpx.TransportError, openai.APIConnectionError)):
+            for chunk in client.chat.completions.create(
+                model="small-8k",
+                messages=HELLO,
+                stream=True,
+                extra_headers={"x-fake-behavior": "reset-mid-stream"},
+            ):
+                chunks.append(chunk)
+        assert len(chunks) == 2
+        assert http.post(
+            server.url + CHAT, json={"model": "small-8k", "messages": HELLO}
+        ).is_success
 
 
 def test_a_stalled_stream_ends_without_done(

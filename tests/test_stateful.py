@@ -121,7 +121,7 @@ def test_an_edited_history_is_compacted_from_scratch_and_the_old_branch_survives
 
 def test_branches_are_capped_least_recently_used_out() -> None:
     with harness(store={"max_branches": 2}) as h:
-        client = openai.OpenAI(base_url=h.url + "/v1", api_key="sk-test", max_retries=0)
+        client = h.openai()
         variants = [history(24, variant=f" (variant {v})") for v in range(3)]
 
         def send(messages: list[Message]) -> tuple[str, str]:
@@ -366,7 +366,7 @@ CJK = "压缩代理保持长对话在上下文窗口内"  # ~1.2 tokens a charac
 def test_an_under_counted_request_is_compacted_harder_and_retried_once() -> None:
     models = [{"match": "small-8k", "context_window": 8192, "counting": "estimate"}]
     with harness(models=models) as h:
-        client = openai.OpenAI(base_url=h.url + "/v1", api_key="sk-test", max_retries=0)
+        client = h.openai()
         messages: list[Message] = []
         for turn in range(24):
             messages += [
