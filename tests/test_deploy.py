@@ -1,0 +1,261 @@
+"""The deployment examples in deploy/ are checked, not only written: the Kubernetes manifests
+against the Kubernetes schemas, the compose file against the compose specification (and by
+`docker compose config` where Docker Compose is installed), their config by the proxy's own
+loader, and what they must agree on with the image (uid, port, config path) and with each
+other (names, keys, targets)."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kubernetes
+
+from proxy.config import load
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+# Native sidecars (init containers that keep running) are on by default from 1.29.
+KUBERNETES_VERSIONS = ("1.29.0", kubernetes.latest_version())
+
+
+def image() -> dict[str, Any]:
+    """What the Dockerfile's final stage promises: its user, port and config path."""
+    final = (ROOT / "Dockerfile").read_text().split("\nFROM ")[-1]
+    user = re.search(r"^USER (\d+):(\d+)$", final, re.M)
+    port = re.search(r"\bPORT=(\d+)", final)
+    config = re.search(r"--config (/\S+)", final)
+    assert user and port and config, "the Dockerfile no longer says its user, PORT or config"
+    return {
+        "uid": int(user[1]),
+        "gid": int(user[2]),
+        "port": int(port[1]),
+        "config": Path(config[1]),
+    }
+
+
+# -- the config both examples use ------------------------------------------------------------------
+
+
+def test_the_examples_config_passes_the_proxys_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("REDIS_URL", "UPSTREAM_BASE_URL", "ADMIN_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    config = load(DEPLOY / "config.yaml")
+    assert config.store.url == "redis://redis:6379/0"
+    assert config.listen.host == "0.0.0.0" and config.listen.port == image()["port"]
+    # Listening on every interface is safe only because it holds no upstream key.
+    assert [u.api_key for u in config.upstreams.values()] == [None]
+    assert config.admin.token in (None, "")
+
+    monkeypatch.setenv("ADMIN_TOKEN", "admin-secret")
+    monkeypatch.setenv("REDIS_URL", "redis://cache.internal:6380/1")
+    config = load(DEPLOY / "config.yaml")
+    assert config.admin.token == "admin-secret"
+    assert config.store.url == "redis://cache.internal:6380/1"
+
+
+# -- Kubernetes ------------------------------------------------------------------------------------
+
+
+def kustomization() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    return data
+
+
+def manifests() -> list[dict[str, Any]]:
+    """Every resource kustomization.yaml lists, and the ConfigMap its generator makes."""
+    found = []
+    for resource in kustomization()["resources"]:
+        found += [doc for doc in yaml.safe_load_all((DEPLOY / resource).read_text()) if doc]
+    for generator in kustomization()["configMapGenerator"]:
+        data = {Path(f).name: (DEPLOY / f).read_text() for f in generator["files"]}
+        meta = {"name": generator["name"]}
+        found.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    return found
+
+
+def resource(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [m for m in manifests() if m["kind"] == kind and m["metadata"]["name"] == name]
+    return found
+
+
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def by_name(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [item for item in items if item["name"] == name]
+    return found
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    listed = sorted(kustomization()["resources"])
+    assert listed == sorted(str(p.relative_to(DEPLOY)) for p in DEPLOY.glob("kubernetes/*.yaml"))
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_kubernetes_manifests_match_the_schemas(version: str) -> None:
+    kinds = []
+    for manifest in manifests():
+        kubernetes.validate(manifest, version, strict=True)
+        kinds.append(manifest["kind"])
+    assert sorted(kinds) == ["ConfigMap", "Deployment", "Deployment", "Secret", "Service"]
+
+
+def test_the_schema_check_rejects_a_wrong_manifest() -> None:
+    deployment = resource("Deployment", "chat-app")
+    proxy = by_name(containers(deployment["spec"]["template"]["spec"]), "compaction-proxy")
+    proxy["securityContext"]["runAsUser"] = "10001"  # a string
+    with pytest.raises(kubernetes.ValidationError):
+        kubernetes.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+    del proxy["securityContext"]["runAsUser"]
+    proxy["securityContext"]["readOnlyRootFileSystem"] = True  # misspelt
+    with pytest.raises(kubernetes.ValidationError):
+        kubernetes.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def test_the_sidecar_runs_the_image_as_it_is_built() -> None:
+    built = image()
+    pod = resource("Deployment", "chat-app")["spec"]["template"]["spec"]
+    proxy = by_name(pod["initContainers"], "compaction-proxy")
+    assert proxy["restartPolicy"] == "Always"  # a native sidecar: up before the app
+    security = proxy["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert (security["runAsUser"], security["runAsGroup"]) == (built["uid"], built["gid"])
+
+    (port,) = proxy["ports"]
+    assert port["containerPort"] == int(by_name(proxy["env"], "PORT")["value"]) == built["port"]
+    probes = {kind: proxy[kind]["httpGet"] for kind in ("startupProbe", "readinessProbe")}
+    probes["livenessProbe"] = proxy["livenessProbe"]["httpGet"]
+    assert {kind: probe["path"] for kind, probe in probes.items()} == {
+        "startupProbe": "/readyz",
+        "readinessProbe": "/healthz",
+        "livenessProbe": "/healthz",
+    }
+    assert {probe["port"] for probe in probes.values()} == {port["name"]}
+
+    (mount,) = proxy["volumeMounts"]
+    assert Path(mount["mountPath"]) == built["config"].parent
+    volume = by_name(pod["volumes"], mount["name"])
+    config_map = resource("ConfigMap", volume["configMap"]["name"])
+    assert built["config"].name in config_map["data"]
+
+    app = by_name(pod["containers"], "app")
+    base_url = by_name(app["env"], "OPENAI_BASE_URL")["value"]
+    assert base_url == f"http://127.0.0.1:{built['port']}/v1"
+
+
+def test_every_container_is_locked_down_and_sized() -> None:
+    for deployment in (m for m in manifests() if m["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        for container in containers(pod):
+            security = {**pod.get("securityContext", {}), **container["securityContext"]}
+            where = f"{deployment['metadata']['name']}/{container['name']}"
+            assert security["runAsNonRoot"] is True, where
+            assert security["readOnlyRootFilesystem"] is True, where
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["capabilities"] == {"drop": ["ALL"]}, where
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= resources["requests"].keys(), where
+            assert "memory" in resources["limits"], where
+
+
+def test_secrets_and_services_that_are_named_exist() -> None:
+    secrets = {m["metadata"]["name"]: m["stringData"] for m in manifests() if m["kind"] == "Secret"}
+    for deployment in (m for m in manifests() if m["kind"] == "Deployment"):
+        for container in containers(deployment["spec"]["template"]["spec"]):
+            for variable in container.get("env", []):
+                ref = variable.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["key"] in secrets[ref["name"]], variable
+    # The store URL of the config names the Redis Service and its port.
+    redis = resource("Service", "redis")
+    (port,) = redis["spec"]["ports"]
+    assert "redis://redis:6379/" in (DEPLOY / "config.yaml").read_text()
+    assert port["port"] == 6379
+
+
+# -- docker compose --------------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((DEPLOY / "docker-compose.yaml").read_text())
+    return data
+
+
+def compose_errors(document: dict[str, Any]) -> list[str]:
+    """What the compose specification's JSON schema (the copy check-jsonschema ships) says
+    is wrong with `document`."""
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema = json.loads(vendored.joinpath("compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def docker_compose() -> list[str] | None:
+    """The Docker Compose command, where one is installed."""
+    for command in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(command[0]) is None:
+            continue
+        found = subprocess.run([*command, "version"], capture_output=True, check=False)
+        if found.returncode == 0:
+            return command
+    return None
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    assert compose_errors(compose()) == []
+    command = docker_compose()
+    if command is not None:  # the schema above is the check wherever Compose is missing
+        checked = subprocess.run(
+            [*command, "-f", str(DEPLOY / "docker-compose.yaml"), "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("service", "key", "value"),
+    [("redis", "restart_policy", "always"), ("prometheus", "ports", "9090:9090")],
+    ids=["unknown-key", "wrong-type"],
+)
+def test_the_compose_check_rejects_a_wrong_file(service: str, key: str, value: str) -> None:
+    broken = compose()
+    broken["services"][service][key] = value
+    errors = compose_errors(broken)
+    assert errors and all(key in error for error in errors), errors
+
+
+def test_compose_runs_two_replicas_on_one_redis_and_prometheus_scrapes_both() -> None:
+    built = image()
+    services = compose()["services"]
+    proxies = {n: s for n, s in services.items() if s.get("image") == "compaction-proxy:local"}
+    assert len(proxies) == 2
+    for service in proxies.values():
+        assert (DEPLOY / service["build"] / "Dockerfile").is_file()
+        assert f"./config.yaml:{built['config']}:ro" in service["volumes"]
+        assert service["read_only"] is True
+        assert service["depends_on"] == {"redis": {"condition": "service_healthy"}}
+        assert [p.rsplit(":", 1)[1] for p in service["ports"]] == [str(built["port"])]
+    assert "redis" in services
+
+    (mount,) = services["prometheus"]["volumes"]
+    local, inside = mount.removesuffix(":ro").split(":")
+    assert inside == "/etc/prometheus"
+    prometheus = yaml.safe_load((DEPLOY / local / "prometheus.yml").read_text())
+    for rules in prometheus["rule_files"]:
+        assert (DEPLOY / local / rules).is_file()
+    (job,) = prometheus["scrape_configs"]
+    (static,) = job["static_configs"]
+    assert sorted(static["targets"]) == sorted(f"{name}:{built['port']}" for name in proxies)

@@ -1,0 +1,145 @@
+"""The Grafana dashboard and the Prometheus alert rules ask for what the proxy exports: every
+query parses as PromQL and names only metrics and labels that /metrics has, so a renamed
+metric or label breaks a test rather than a panel. Every alert is documented."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "deploy/grafana/compaction-proxy.json"
+ALERTS = ROOT / "deploy/prometheus/alerts.yml"
+# Labels Prometheus adds to every series it scrapes, and the series it makes itself.
+TARGET_LABELS = {"job", "instance"}
+SCRAPE_SERIES = {"up": set[str]()}
+# Grafana's variables, as Grafana would fill them in.
+GRAFANA = {"$__rate_interval": "1m", "$__interval": "15s", "$job": ".+", "$instance": ".+"}
+
+
+def exported() -> dict[str, set[str]]:
+    """Every series name of /metrics and its labels, with one sample of each metric."""
+    metrics = Metrics()
+    for metric in vars(metrics).values():
+        labels = getattr(metric, "_labelnames", None)
+        if labels is None:
+            continue
+        child = metric.labels(*("x" for _ in labels)) if labels else metric
+        child.inc() if hasattr(child, "inc") else child.observe(1)
+    found = dict(SCRAPE_SERIES)
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            found.setdefault(sample.name, set()).update(sample.labels)
+    return found
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def alerts() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def queries() -> dict[str, str]:
+    """Every PromQL expression of the dashboard and the alerts, by where it is."""
+    found = {}
+    for panel in dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            found[f"panel {panel['title']!r} {target['refId']}"] = target["expr"]
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] == "query":
+            inner = re.fullmatch(r"label_values\((.+), \w+\)", variable["query"]["query"])
+            assert inner, variable["query"]
+            found[f"variable {variable['name']}"] = inner[1]
+    for rule in alerts():
+        found[f"alert {rule['alert']}"] = rule["expr"]
+    return found
+
+
+def problems(expr: str, series: dict[str, set[str]]) -> list[str]:
+    """What in `expr` is not PromQL, or names a series or label that is not exported."""
+    for variable, value in GRAFANA.items():
+        expr = expr.replace(variable, value)
+    try:
+        tree = promql_parser.parse(expr)
+    except ValueError as exc:
+        return [f"not PromQL: {exc}"]
+    found: list[str] = []
+    carried: set[str] = set()  # the labels of the series the expression reads
+    grouping: set[str] = set()  # the labels its aggregations group by
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name not in series:
+                found.append(f"no series {node.name}")
+                return
+            known = series[node.name] | TARGET_LABELS
+            carried.update(known)
+            unknown = [m.name for m in node.matchers.matchers if m.name not in known]
+            found.extend(f"{node.name} has no label {label}" for label in unknown)
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            grouping.update(node.modifier.labels)
+
+    promql_parser.walk(tree, visit)
+    return found + [f"no series has label {label}" for label in sorted(grouping - carried)]
+
+
+@pytest.mark.parametrize(("where", "expr"), sorted(queries().items()))
+def test_every_query_asks_for_what_the_proxy_exports(where: str, expr: str) -> None:
+    assert problems(expr, exported()) == [], where
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        ("sum(rate(compaction_proxy_nothing_total[5m]))", "no series compaction_proxy_nothing"),
+        ('compaction_proxy_requests_total{model="gpt-4o"}', "has no label model"),
+        ("sum by (model) (rate(compaction_proxy_requests_total[5m]))", "no series has label"),
+        ("sum(rate(compaction_proxy_requests_total[5m])", "not PromQL"),
+    ],
+    ids=["metric", "label", "grouping", "syntax"],
+)
+def test_the_query_check_finds_what_does_not_exist(expr: str, problem: str) -> None:
+    (found,) = problems(expr, exported())
+    assert problem in found
+
+
+def test_the_dashboard_is_laid_out_on_grafanas_grid() -> None:
+    board = dashboard()
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
+    panels = board["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    taken: set[tuple[int, int]] = set()
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        cells = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cells & taken, f"{panel['title']!r} overlaps another panel"
+        taken |= cells
+        if panel["type"] != "row":
+            assert panel["description"] and panel["targets"], panel["title"]
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_alert_is_documented() -> None:
+    text = (ROOT / "docs/operations.md").read_text()
+    for rule in alerts():
+        assert f"`{rule['alert']}`" in text, rule["alert"]
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
