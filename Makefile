@@ -1,12 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   install into .venv and start the proxy on config.yaml (in-memory store)
 #   make test    install into .venv, then lint, type-check and run the whole test suite
+# and, where Docker runs, `make docker-smoke` builds the image and proves it serves.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench
+.PHONY: serve test lint bench docker-smoke
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,3 +31,6 @@ bench: $(STAMP)
 	$(BIN)/python bench/compaction.py
 	$(BIN)/python bench/savings.py
 	$(BIN)/python bench/sessions.py
+
+docker-smoke: $(STAMP)
+	PYTHON=$(BIN)/python scripts/docker-smoke.sh

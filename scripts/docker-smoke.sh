@@ -22,7 +22,7 @@ fake_pid=
 
 cleanup() {
   docker rm -f "$name" >/dev/null 2>&1 || true
-  [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null || true
+  if [ -n "$fake_pid" ]; then kill "$fake_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -58,7 +58,8 @@ upstreams:
 EOF
 chmod 755 "$work" && chmod 644 "$work/config.yaml"  # readable by the image's uid 10001
 
-docker run -d --name "$name" --network host --read-only -e PORT="$proxy_port" \
+docker run -d --name "$name" --network host --read-only --cap-drop ALL --security-opt no-new-privileges \
+  -e PORT="$proxy_port" \
   -v "$work/config.yaml:/etc/compaction-proxy/config.yaml:ro" "$image" >/dev/null
 [ "$(docker exec "$name" id -u)" = 10001 ] || fail "the container does not run as uid 10001"
 
