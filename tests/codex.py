@@ -103,6 +103,12 @@ class Codex:
         self.session = f"codex-{uuid.uuid4().hex}"
         self.input: list[Item] = []
 
+    def __enter__(self) -> Codex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
     def send(self, **extra: Any) -> Turn:
         """The whole history, streamed; the answer's items are added to the history."""
         seen = len(self.up.requests)

@@ -6,11 +6,13 @@ test); tests whose config differs build their own proxy with `proxy_config` and 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,6 +27,7 @@ configure_offline_encodings()  # before any test asks tiktoken for an encoding
 WINDOWS = {"small-8k": 8192, "gpt-4o-mini": 128_000, "gpt-4": 8192}
 
 ConfigFactory = Callable[..., Config]
+SDK = Callable[[ServerThread, list[httpx.Request]], openai.OpenAI]
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -99,4 +102,19 @@ def closed_port() -> int:
 def http() -> Iterator[httpx.Client]:
     """One HTTP client for the session: making a client costs tens of milliseconds."""
     with httpx.Client(timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def sdk() -> Iterator[SDK]:
+    """`sdk(server, sent)`: the sync SDK pointed at a proxy, recording every request it sends
+    in `sent`; closed when the test ends."""
+    with contextlib.ExitStack() as stack:
+
+        def client(server: ServerThread, sent: list[httpx.Request]) -> openai.OpenAI:
+            http = httpx.Client(event_hooks={"request": [sent.append]})
+            url = server.url + "/v1"
+            sdk = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, http_client=http)
+            return stack.enter_context(sdk)
+
         yield client

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from proxy.logs import JsonFormatter
-from tests.conftest import ConfigFactory, metric
+from tests.conftest import SDK, ConfigFactory, metric
 from tests.fake_upstream import (
     FakeUpstream,
     count_prompt_tokens,
@@ -48,15 +48,6 @@ COMPACTION_HEADERS = (
 )
 
 
-@contextlib.contextmanager
-def sdk(server: ServerThread, sent: list[httpx.Request]) -> Iterator[openai.OpenAI]:
-    """The sync SDK pointed at the proxy, recording every request it sends in `sent`."""
-    http = httpx.Client(event_hooks={"request": [sent.append]})
-    url = server.url + "/v1"
-    with openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, http_client=http) as client:
-        yield client
-
-
 def check_compaction_headers(headers: httpx.Headers) -> None:
     for name in COMPACTION_HEADERS:
         assert name in headers, name
@@ -68,11 +59,12 @@ def check_compaction_headers(headers: httpx.Headers) -> None:
 
 
 def test_sync_sdk_completion_forwards_the_clients_bytes(
-    server: ServerThread, upstream: FakeUpstream
+    server: ServerThread, upstream: FakeUpstream, sdk: SDK
 ) -> None:
     sent: list[httpx.Request] = []
-    with sdk(server, sent) as client:
-        raw = client.chat.completions.with_raw_response.create(model="small-8k", messages=HELLO)
+    raw = sdk(server, sent).chat.completions.with_raw_response.create(
+        model="small-8k", messages=HELLO
+    )
     completion = raw.parse()
 
     prompt = count_prompt_tokens({"model": "small-8k", "messages": HELLO})
@@ -89,32 +81,28 @@ def test_sync_sdk_completion_forwards_the_clients_bytes(
 
 
 def test_every_field_reaches_the_upstream_unchanged(
-    server: ServerThread, upstream: FakeUpstream
+    server: ServerThread, upstream: FakeUpstream, sdk: SDK
 ) -> None:
     sent: list[httpx.Request] = []
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
-    with sdk(server, sent) as client:
-        completion = client.chat.completions.create(
-            model="gpt-4o-mini",
-            messages=[
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "é?"},
-            ],
-            tools=[WEATHER],
-            tool_choice="required",
-            parallel_tool_calls=False,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "answer", "schema": schema},
-            },
-            n=2,
-            logprobs=True,
-            top_logprobs=2,
-            temperature=0.2,
-            seed=7,
-            user="user-1",
-            extra_body={"future_field": {"nested": [1, 2.5, None, "ü"]}, "x_vendor": True},
-        )
+    completion = sdk(server, sent).chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "é?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema},
+        },
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+        temperature=0.2,
+        seed=7,
+        user="user-1",
+        extra_body={"future_field": {"nested": [1, 2.5, None, "ü"]}, "x_vendor": True},
+    )
 
     received = upstream.requests[-1]
     assert received.body == sent[-1].content
@@ -177,7 +165,7 @@ def test_hand_made_body_reaches_the_upstream_byte_for_byte(
 
 
 def test_compaction_rewrites_what_goes_upstream(
-    server: ServerThread, upstream: FakeUpstream
+    server: ServerThread, upstream: FakeUpstream, sdk: SDK
 ) -> None:
     history = [
         {"role": "user", "content": "word " * 3000},
@@ -187,8 +175,9 @@ def test_compaction_rewrites_what_goes_upstream(
         {"role": "user", "content": "last"},
     ]
     sent: list[httpx.Request] = []
-    with sdk(server, sent) as client:
-        raw = client.chat.completions.with_raw_response.create(model="small-8k", messages=history)
+    raw = sdk(server, sent).chat.completions.with_raw_response.create(
+        model="small-8k", messages=history
+    )
 
     assert raw.http_response.status_code == 200  # the fake rejects prompts over its window
     check_compaction_headers(raw.headers)

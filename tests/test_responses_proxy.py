@@ -14,11 +14,11 @@ import orjson
 import pytest
 import websockets
 
-from tests.conftest import ConfigFactory, metric
+from tests.conftest import SDK, ConfigFactory, metric
 from tests.fake_upstream import FakeUpstream, count_input_tokens, is_summary_request, reply_text
 from tests.servers import ServerThread, proxy_server
 from tests.test_fake_responses import sse_events
-from tests.test_proxy_chat import check_compaction_headers, sdk
+from tests.test_proxy_chat import check_compaction_headers
 from tests.test_stateful import CJK
 
 RESPONSES = "/v1/responses"
@@ -26,7 +26,7 @@ HELLO = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
 
 
 def test_sdk_create_forwards_the_clients_bytes(
-    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream, sdk: SDK
 ) -> None:
     labels = {"route": "responses", "status": "200"}
     before = metric(http, server, "compaction_proxy_requests_total", **labels)
@@ -51,7 +51,9 @@ def test_sdk_create_forwards_the_clients_bytes(
 
 
 @pytest.mark.parametrize("how", ["create", "stream"])
-def test_sdk_streams_arrive_whole(server: ServerThread, upstream: FakeUpstream, how: str) -> None:
+def test_sdk_streams_arrive_whole(
+    server: ServerThread, upstream: FakeUpstream, how: str, sdk: SDK
+) -> None:
     client = sdk(server, [])
     if how == "create":
         events = list(client.responses.create(model="gpt-4o-mini", input="hi", stream=True))
@@ -129,7 +131,7 @@ def cjk_history() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_both_overflow_forms_are_retried_compacted_harder(
-    estimating: ServerThread, upstream: FakeUpstream, stream: bool
+    estimating: ServerThread, upstream: FakeUpstream, stream: bool, sdk: SDK
 ) -> None:
     items = cjk_history()
     client = sdk(estimating, [])
@@ -153,7 +155,7 @@ def test_both_overflow_forms_are_retried_compacted_harder(
 
 
 def test_history_held_upstream_goes_unchanged(
-    http: httpx.Client, proxy_config: ConfigFactory, upstream: FakeUpstream
+    http: httpx.Client, proxy_config: ConfigFactory, upstream: FakeUpstream, sdk: SDK
 ) -> None:
     models = [{"match": "small-8k", "context_window": 2048}]
     with proxy_server(proxy_config(models=models)) as server:
@@ -176,7 +178,7 @@ def test_history_held_upstream_goes_unchanged(
 
 
 def test_usage_is_counted_with_what_the_cache_served(
-    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream, sdk: SDK
 ) -> None:
     labels = {"dialect": "responses"}
     cached_before = metric(http, server, "compaction_proxy_cached_prompt_tokens_total", **labels)
@@ -194,7 +196,9 @@ def test_usage_is_counted_with_what_the_cache_served(
     assert total == before + sum(u.input_tokens for u in usages if u is not None)
 
 
-def test_compact_is_passed_through_untouched(server: ServerThread, upstream: FakeUpstream) -> None:
+def test_compact_is_passed_through_untouched(
+    server: ServerThread, upstream: FakeUpstream, sdk: SDK
+) -> None:
     sent: list[httpx.Request] = []
     compacted = sdk(server, sent).responses.compact(model="gpt-4o-mini", input=HELLO)
     assert compacted.output[-1].type == "compaction"

@@ -43,8 +43,7 @@ def stable_share(turns: list[Turn]) -> float:
 
 
 def test_a_40_iteration_agent_loop_at_16k_with_encrypted_reasoning() -> None:
-    with codex_servers(anchors=[ANCHOR]) as (up, server):
-        agent = Codex(server.url, up)
+    with codex_servers(anchors=[ANCHOR]) as (up, server), Codex(server.url, up) as agent:
         agent.said("Fix the failing booking tests.")
         turns = [agent.send(tool_choice="required")]
         for i in range(ITERATIONS):
@@ -100,8 +99,7 @@ def test_a_40_iteration_agent_loop_at_16k_with_encrypted_reasoning() -> None:
 def test_an_agents_sdk_loop_with_stored_items_sent_by_id() -> None:
     """Reasoning items without their content, every item with its id: each call keeps the
     reasoning item it followed (the upstream refuses it otherwise) through the compactions."""
-    with codex_servers() as (up, server):
-        agent = Codex(server.url, up, stateless=False)
+    with codex_servers() as (up, server), Codex(server.url, up, stateless=False) as agent:
         agent.said("Fix the failing booking tests.")
         turns = [agent.send(tool_choice="required")]
         for i in range(15):
@@ -114,8 +112,7 @@ def test_an_agents_sdk_loop_with_stored_items_sent_by_id() -> None:
 
 
 def test_summaries_go_upstream_through_responses_with_the_callers_credential() -> None:
-    with codex_servers() as (up, server):
-        agent = Codex(server.url, up)
+    with codex_servers() as (up, server), Codex(server.url, up) as agent:
         for turn in range(20):
             agent.said(f"Turn {turn}: {words(1200, turn)}")
             last = agent.send()
@@ -141,8 +138,10 @@ def test_summaries_go_upstream_through_responses_with_the_callers_credential() -
 
 
 def test_an_incomplete_summary_is_over_long_and_a_digest_takes_its_place() -> None:
-    with codex_servers(summarizer=lambda body: words(8000, 1)) as (up, server):
-        agent = Codex(server.url, up)
+    with (
+        codex_servers(summarizer=lambda body: words(8000, 1)) as (up, server),
+        Codex(server.url, up) as agent,
+    ):
         for turn in range(20):
             agent.said(f"Turn {turn}: {words(1200, turn)}")
             last = agent.send()
