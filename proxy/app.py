@@ -25,6 +25,7 @@ from .dialects.chat import Chat
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .handler import Handler
 from .limits import ModelLimits
+from .litellm_transport import LiteLLMTransport
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .requests import query_string, read_body
 from .sessions import Sessions
@@ -81,6 +82,10 @@ class Proxy:
         ]
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
         self._passthrough = config.upstreams[next(n for n in defaults if n)]
+        # Only a config with an upstream of kind litellm pays for importing litellm.
+        self.litellm: LiteLLMTransport | None = None
+        if any(u.kind == "litellm" for u in config.upstreams.values()):
+            self.litellm = client.transports["litellm"] = LiteLLMTransport(config)
 
     async def passthrough(self, request: Request) -> ASGIApp:
         """Any other /v1/* call: forwarded untouched to the default upstream (of chat
@@ -235,8 +240,13 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Tokenizers load in the background: /healthz answers at once, and a first request
-        # that needs an encoding waits for it in tiktoken.
-        warming = asyncio.get_running_loop().run_in_executor(None, proxy.limits.warm_up)
+        # that needs an encoding waits for it in tiktoken. litellm is imported before the
+        # proxy answers at all, so that no request pays for it (and a provider it does not
+        # know fails the start).
+        loop = asyncio.get_running_loop()
+        warming = loop.run_in_executor(None, proxy.limits.warm_up)
+        if proxy.litellm is not None:
+            await loop.run_in_executor(None, proxy.litellm.load)
         yield
         await warming
         await proxy.prepared.close()

@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         # Command-line values go through the same checks as the file's (a new host can turn
         # a safe config into an open relay).
         config = config_module.load(path, listen=listen)
+        if any(u.kind == "litellm" for u in config.upstreams.values()):
+            # litellm places the provider models (an import of seconds, no network).
+            from .litellm_transport import check_providers
+
+            check_providers(config)
     except config_module.ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -44,6 +44,7 @@ class Forward:
     decisions: tuple[policies.Decision, ...] = ()
     can_retry: bool = True
     anchors_complete: bool = True
+    reserved_output: int | None = None  # output tokens the budget kept free in the window
 
     def headers(self) -> list[tuple[str, str]]:
         headers = [
@@ -108,7 +109,7 @@ class Compactor:
         return dataclasses.replace(forward, can_retry=False)
 
     async def _turn(self, request: ClientRequest) -> Turn:
-        limits = self.limits.limits(request.parsed.model)
+        limits = self.limits.limits(request.parsed.model, request.upstream)
         loaded = await self.sessions.load(request.key)
         budget = request.policy.compaction.budget(
             limits.window, limits.max_output, request.parsed.max_output
@@ -154,6 +155,7 @@ class Compactor:
             tokens_after,
             result.decisions if result else (),
             anchors_complete=result.anchors_complete if result else True,
+            reserved_output=turn.budget.reserved_output,
         )
 
     async def _compact(

@@ -17,11 +17,14 @@
         ├── UpstreamUnreachable   502
         ├── StoreUnavailable      503  the session store did not answer (served fail-open
         │                              unless the config says fail closed)
-        └── UpstreamTimeout       504
+        ├── UpstreamTimeout       504
+        └── ProviderError         any  a provider's error through litellm (kind litellm),
+                                       with its status as mapped (proxy.litellm_errors)
 
 An `APIError` carries OpenAI's fields (message, type, param, code); each wire format renders
 it in its own shape (proxy.dialects). Upstream errors are never wrapped: they reach the client
-with the upstream's own status and body.
+with the upstream's own status and body; those of providers reached through litellm, which
+has no body of theirs to relay, as a `ProviderError` in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -101,3 +104,14 @@ class UpstreamTimeout(APIError):
     status_code = 504
     error_type = "upstream_error"
     code = "upstream_timeout"
+
+
+class ProviderError(APIError):
+    """What a provider reached through litellm answered, as OpenAI's error fields."""
+
+    def __init__(
+        self, message: str, *, status_code: int, error_type: str, code: str | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.status_code = status_code
+        self.error_type = error_type

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -104,8 +104,19 @@ class Handler:
         overhead = time.perf_counter() - started
         self.metrics.overhead.observe(overhead)
 
+        def send(forward: Forward) -> Awaitable[UpstreamResponse]:
+            return self.client.open(
+                upstream,
+                "POST",
+                path,
+                query,
+                send_headers,
+                forward.body,
+                reserved_output=forward.reserved_output,
+            )
+
         sent = time.perf_counter()
-        response = await self.client.open(upstream, "POST", path, query, send_headers, forward.body)
+        response = await send(forward)
         idle = upstream.timeouts.stream_idle
         chunks = response.chunks(idle)
         head = b""
@@ -124,9 +135,7 @@ class Handler:
             response.close()
             head = b""
             forward = await self.compactor.retry_harder(client_request, forward)
-            response = await self.client.open(
-                upstream, "POST", path, query, send_headers, forward.body
-            )
+            response = await send(forward)
             chunks = response.chunks(idle)
         self.metrics.upstream_latency.observe(time.perf_counter() - sent)
 

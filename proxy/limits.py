@@ -1,14 +1,15 @@
 """What a model allows: its context window, its max output and the counter for its tokens.
 
 From the config's per-model overrides first, then litellm's model map, then the config's
-default window.
+default window. A model an upstream of kind litellm renames (`provider_model`) is looked up
+under the provider's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .config import Config
+from .config import Config, Upstream
 from .models import ModelCatalog
 from .tokens import TokenCounter, counter_for
 
@@ -28,7 +29,7 @@ class ModelLimits:
     def __init__(self, config: Config, catalog: ModelCatalog | None = None) -> None:
         self.config = config
         self.catalog = catalog or ModelCatalog()
-        self._limits: dict[str, Limits] = {}
+        self._limits: dict[tuple[str, str], Limits] = {}
         self.warm = False
 
     def warm_up(self) -> None:
@@ -37,19 +38,22 @@ class ModelLimits:
         self.limits("gpt-4o").counter.text("warm up")
         self.warm = True
 
-    def limits(self, model: str) -> Limits:
-        found = self._limits.get(model)
+    def limits(self, model: str, upstream: Upstream | None = None) -> Limits:
+        """The limits of `model`; sent to `upstream`, the model map and the counter go by the
+        name that upstream asks its provider for (an upstream of kind litellm may rename it)."""
+        name = self.config.provider_model(upstream, model) if upstream else model
+        found = self._limits.get((model, name))
         if found is None:
             override = self.config.model(model)
-            info = self.catalog.lookup(model)
+            info = self.catalog.lookup(name)
             window = (override and override.context_window) or info.context_window
             max_output = (override and override.max_output_tokens) or info.max_output_tokens
             counter = counter_for(
-                model,
+                name,
                 override.counting if override else "auto",
                 override.encoding if override else None,
             )
             found = Limits(window or self.config.default_context_window, max_output, counter)
             if len(self._limits) < MAX_MEMOISED:
-                self._limits[model] = found
+                self._limits[model, name] = found
         return found

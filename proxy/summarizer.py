@@ -105,7 +105,7 @@ class Summarizers:
         upstream = request.upstream
         chosen = self.config.upstreams[settings.upstream] if settings.upstream else upstream
         model = settings.model or request.parsed.model
-        limits = self.limits.limits(model)
+        limits = self.limits.limits(model, chosen)
         return LLMSummarizer(
             self.client,
             chosen,

@@ -106,11 +106,29 @@ class HTTPResponse:
         self._response.close()
 
 
+class Transport(Protocol):
+    """Carries the requests to upstreams of one kind by other means than HTTP relaying."""
+
+    async def open(
+        self,
+        upstream: Upstream,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        *,
+        reserved_output: int | None,
+    ) -> UpstreamResponse: ...
+
+
 class UpstreamClient:
-    """One pooled aiohttp session for every upstream."""
+    """One pooled aiohttp session for every upstream, and the transports of other kinds."""
 
     def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
         self._session = session
+        # By upstream kind: litellm (proxy.litellm_transport), registered by the app.
+        self.transports: dict[str, Transport] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -136,11 +154,20 @@ class UpstreamClient:
         query: str,
         headers: list[tuple[str, str]],
         body: bytes | None,
+        *,
+        reserved_output: int | None = None,
     ) -> UpstreamResponse:
         """Send a request and wait for the response head (the first byte), within the timeouts.
 
         `path` is relative to the upstream's base URL (the part after `/v1`).
+        `reserved_output` is the output the proxy reserved in the window for a request that
+        sets no max_tokens: transports whose providers require a cap send it.
         """
+        transport = self.transports.get(upstream.kind)
+        if transport is not None:
+            return await transport.open(
+                upstream, method, path, query, headers, body, reserved_output=reserved_output
+            )
         url = upstream.base_url.rstrip("/") + path + (f"?{query}" if query else "")
         if upstream.api_key:
             headers = [(n, v) for n, v in headers if n.lower() not in ("authorization", "api-key")]

@@ -54,6 +54,11 @@ upstreams:
     timeouts: {{connect: 5, first_byte: 60, stream_idle: 30}}
   local:
     base_url: http://127.0.0.1:8001/v1
+  bedrock:
+    kind: litellm
+    provider_model: bedrock/{{model}}
+    provider_params: {{aws_region_name: eu-west-1}}
+    prompt_cache: false
 default_upstream: openai
 default_context_window: 16384
 models:
@@ -63,6 +68,9 @@ models:
     upstream: local
     counting: estimate
     encoding: cl100k_base
+  - match: sonnet
+    upstream: bedrock
+    provider_model: bedrock/anthropic.claude-sonnet-4-5
 policies:
   default:
     reserved_output_tokens: 2048
@@ -121,8 +129,13 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
     assert openai.name == "openai" and config.upstreams["local"].api_key is None
     assert config.default_context_window == 16384
-    (model,) = config.models
+    model, alias = config.models
     assert (model.context_window, model.counting, model.upstream) == (32768, "estimate", "local")
+    bedrock = config.upstreams["bedrock"]
+    assert (bedrock.kind, bedrock.base_url, bedrock.prompt_cache) == ("litellm", "", False)
+    assert bedrock.provider_params == {"aws_region_name": "eu-west-1"}
+    assert config.provider_model(bedrock, "sonnet") == alias.provider_model
+    assert config.provider_model(bedrock, "x") == "bedrock/x"
     policy = config.policies["default"]
     compaction = policy.compaction
     assert (compaction.prepare_at, compaction.compact_at, compaction.target) == (0.5, 0.8, 0.4)

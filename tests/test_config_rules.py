@@ -119,10 +119,10 @@ def test_upstreams_must_serve_what_they_are_chosen_for(text: str, problem: str) 
 
 
 def test_an_upstream_kind_is_one_the_proxy_speaks() -> None:
-    (problem,) = problems(MINIMAL + "    kind: litellm\n")
+    (problem,) = problems(MINIMAL + "    kind: grpc\n")
     assert problem == (
         "upstreams.fake.kind (<config>, line 4): must be one of 'openai', 'anthropic', "
-        "got 'litellm'"
+        "'litellm', got 'grpc'"
     )
 
 

@@ -20,6 +20,8 @@ from .decoder import ConfigError, Path, Source, build, load_yaml
 from .schema import (
     DIALECTS,
     DIALECTS_BY_KIND,
+    PROVIDER_PARAMS,
+    SECRET_PROVIDER_PARAMS,
     Admin,
     Auth,
     Config,
@@ -46,6 +48,8 @@ __all__ = [
     "DEFAULT_CONFIG",
     "DIALECTS",
     "DIALECTS_BY_KIND",
+    "PROVIDER_PARAMS",
+    "SECRET_PROVIDER_PARAMS",
     "Admin",
     "Auth",
     "Config",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from .decoder import Path, Source
-from .schema import DIALECTS, Config
+from .schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
 
 Problem = Callable[[Path, str], None]
 
@@ -30,6 +30,12 @@ def check(config: Config, source: Source) -> None:
             p(("models", i, "upstream"), f"names no upstream: {override.upstream!r}")
         if override.context_window is not None and override.context_window < 256:
             p(("models", i, "context_window"), "must be at least 256")
+        if override.provider_model is not None:
+            _check_template(override.provider_model, ("models", i, "provider_model"), p)
+            named = config.upstreams.get(override.upstream or "")
+            if named is not None and named.kind != "litellm":
+                where = ("models", i, "provider_model")
+                p(where, "only for models sent to an upstream of kind litellm")
     for name, policy in config.policies.items():
         summarizer = policy.summarizer.upstream
         if summarizer is not None and summarizer not in config.upstreams:
@@ -48,8 +54,11 @@ def _check_upstreams(config: Config, p: Problem) -> None:
         p(("upstreams",), "at least one upstream is required")
     for name, upstream in config.upstreams.items():
         parts = urlsplit(upstream.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if not upstream.base_url and upstream.kind != "litellm":
+            p(("upstreams", name, "base_url"), "is required")
+        elif upstream.base_url and (parts.scheme not in ("http", "https") or not parts.hostname):
             p(("upstreams", name, "base_url"), "must be an http:// or https:// URL")
+        _check_provider_settings(name, upstream, p)
         for field in dataclasses.fields(upstream.timeouts):
             if getattr(upstream.timeouts, field.name) <= 0:
                 p(("upstreams", name, "timeouts", field.name), "must be positive")
@@ -63,6 +72,33 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(where, f"names no upstream: {name!r}")
         elif not config.upstreams[name].serves(dialect):
             p(where, f"{_serving(config, name)}, not {dialect}")
+
+
+def _check_provider_settings(name: str, upstream: Upstream, p: Problem) -> None:
+    """What only upstreams of kind litellm take, and the provider settings litellm is given."""
+    if upstream.kind != "litellm":
+        given = {"provider_model": upstream.provider_model is not None}
+        given |= {"provider_params": bool(upstream.provider_params)}
+        given |= {"prompt_cache": upstream.prompt_cache is not None}
+        for key in sorted(k for k, v in given.items() if v):
+            p(("upstreams", name, key), "only for upstreams of kind litellm")
+        return
+    if upstream.provider_model is not None:
+        _check_template(upstream.provider_model, ("upstreams", name, "provider_model"), p)
+    for key in sorted(upstream.provider_params.keys() - PROVIDER_PARAMS):
+        hint = {"api_key": "api_key", "api_base": "base_url"}.get(key)
+        known = (
+            f"set it as the upstream's {hint}"
+            if hint
+            else "known: " + ", ".join(sorted(PROVIDER_PARAMS))
+        )
+        p(("upstreams", name, "provider_params", key), f"not a provider setting ({known})")
+
+
+def _check_template(template: str, where: Path, p: Problem) -> None:
+    rest = template.replace("{model}", "")
+    if not template.strip() or "{" in rest or "}" in rest or any(c.isspace() for c in template):
+        p(where, "must be a model name without spaces; {model} stands for the request's model")
 
 
 def _check_listen_and_store(config: Config, p: Problem) -> None:
@@ -128,9 +164,11 @@ def _serving(config: Config, name: str) -> str:
 
 
 def _check_open_relay(config: Config, p: Problem) -> None:
-    holds_key = [n for n, u in config.upstreams.items() if u.api_key]
+    # An upstream of kind litellm never takes the client's credential: it signs in with its
+    # api_key or the provider's own credentials from the environment (AWS, Google, ...).
+    holds_key = [n for n, u in config.upstreams.items() if u.api_key or u.kind == "litellm"]
     if config.auth.keys and config.auth.header.lower() == "authorization":
-        passthrough = [n for n, u in config.upstreams.items() if not u.api_key]
+        passthrough = [n for n in config.upstreams if n not in holds_key]
         if passthrough:
             p(
                 ("auth", "header"),
@@ -140,10 +178,12 @@ def _check_open_relay(config: Config, p: Problem) -> None:
             )
     open_relay = holds_key and not config.auth.keys and not config.auth.allow_unauthenticated
     if open_relay and not _is_loopback(config.listen.host):
+        keyed = all(config.upstreams[n].api_key for n in holds_key)
         holders = (
-            f"upstream {holds_key[0]!r} holds its own api_key"
+            f"upstream {holds_key[0]!r} holds its own {'api_key' if keyed else 'credentials'}"
             if len(holds_key) == 1
-            else f"upstreams {', '.join(repr(n) for n in holds_key)} hold their own api_keys"
+            else f"upstreams {', '.join(repr(n) for n in holds_key)} hold their own "
+            + ("api_keys" if keyed else "credentials")
         )
         p(
             ("auth",),

@@ -20,9 +20,9 @@ Dialect = Literal["chat", "responses", "messages"]
 API (/v1/responses) or Anthropic Messages (/v1/messages)."""
 DIALECTS: tuple[str, ...] = get_args(Dialect)
 
-Kind = Literal["openai", "anthropic"]
+Kind = Literal["openai", "anthropic", "litellm"]
 
-# The wire formats each kind of upstream serves. litellm is not a configurable kind yet.
+# The wire formats each kind of upstream serves.
 DIALECTS_BY_KIND: Mapping[str, tuple[Dialect, ...]] = {
     "openai": ("chat", "responses"),
     "anthropic": ("messages",),
@@ -78,12 +78,62 @@ class Timeouts:
     stream_idle: float = 120.0
 
 
+# The provider settings an upstream of kind litellm may pass to litellm (`provider_params`):
+# where the provider is and how to sign in. Everything else litellm accepts is either the
+# request's own or the proxy's to decide. Those holding secrets are masked when printed.
+PROVIDER_PARAMS = frozenset(
+    {
+        "api_version",
+        "aws_access_key_id",
+        "aws_bedrock_runtime_endpoint",
+        "aws_external_id",
+        "aws_profile_name",
+        "aws_region_name",
+        "aws_role_name",
+        "aws_secret_access_key",
+        "aws_session_name",
+        "aws_session_token",
+        "aws_sts_endpoint",
+        "aws_web_identity_token",
+        "azure_ad_token",
+        "azure_password",
+        "azure_scope",
+        "azure_username",
+        "client_id",
+        "client_secret",
+        "tenant_id",
+        "vertex_credentials",
+        "vertex_location",
+        "vertex_project",
+    }
+)
+SECRET_PROVIDER_PARAMS = frozenset(
+    {
+        "aws_secret_access_key",
+        "aws_session_token",
+        "aws_web_identity_token",
+        "azure_ad_token",
+        "azure_password",
+        "client_secret",
+        "vertex_credentials",
+    }
+)
+_LITELLM_ONLY = ("provider_model", "provider_params", "prompt_cache")
+# Provider models whose prompt cache the proxy marks unless the upstream says otherwise.
+PROMPT_CACHE_MODELS = ("anthropic/*", "bedrock/*anthropic*")
+
+
 @dataclasses.dataclass(frozen=True)
 class Upstream:
-    base_url: str
+    base_url: str = ""  # required, except for kind litellm (its api_base, when given)
     kind: Kind = "openai"
     api_key: str | None = None
     timeouts: Timeouts = Timeouts()
+    # Kind litellm only: the model litellm is asked for ("{model}" is the request's model),
+    # the provider's own settings, and whether to mark the prompt cache (None: by model).
+    provider_model: str | None = None
+    provider_params: dict[str, str] = dataclasses.field(default_factory=dict)
+    prompt_cache: bool | None = None
     name: str = dataclasses.field(default="", init=False)
 
     @property
@@ -94,6 +144,12 @@ class Upstream:
     def serves(self, dialect: str) -> bool:
         return dialect in self.dialects
 
+    def caches_prompt(self, provider_model: str) -> bool:
+        """Whether the proxy marks the stable prefix for the provider's prompt cache."""
+        if self.prompt_cache is not None:
+            return self.prompt_cache
+        return any(fnmatch.fnmatchcase(provider_model, glob) for glob in PROMPT_CACHE_MODELS)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelOverride:
@@ -103,6 +159,7 @@ class ModelOverride:
     upstream: str | None = None
     counting: Literal["auto", "exact", "estimate"] = "auto"
     encoding: str | None = None
+    provider_model: str | None = None  # for upstreams of kind litellm, as theirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +237,16 @@ class Config:
                 return override
         return None
 
+    def provider_model(self, upstream: Upstream, model: str) -> str:
+        """The model an upstream of kind litellm is asked for: the model override's
+        `provider_model`, else the upstream's, `{model}` standing for the request's model
+        (e.g. `anthropic/{model}`); the request's model as it is for other kinds."""
+        if upstream.kind != "litellm":
+            return model
+        override = self.model(model)
+        template = (override and override.provider_model) or upstream.provider_model
+        return template.replace("{model}", model) if template else model
+
     def default_upstream_for(self, dialect: str) -> str | None:
         """The name of the default upstream of `dialect`, if one is configured."""
         if isinstance(self.default_upstream, str):
@@ -218,6 +285,13 @@ class Config:
         for upstream in data["upstreams"].values():
             if upstream["api_key"]:
                 upstream["api_key"] = "***"
+            if upstream["kind"] != "litellm":
+                for key in _LITELLM_ONLY:
+                    del upstream[key]
+                continue
+            params = upstream["provider_params"]
+            for name in SECRET_PROVIDER_PARAMS & params.keys():
+                params[name] = "***"
         if data["admin"]["token"]:
             data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
         data["store"]["url"] = _mask_url(data["store"]["url"])

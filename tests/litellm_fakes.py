@@ -1,0 +1,80 @@
+"""Two providers that are not OpenAI-compatible, and the proxy in front of both through
+upstreams of kind litellm: the strict fakes of Anthropic Messages and of Gemini on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import yaml
+
+from proxy.config import Config, loads
+from tests.conftest import merged
+from tests.fake_anthropic import FakeAnthropic
+from tests.fake_gemini import FakeGemini
+from tests.servers import ServerThread, proxy_server
+
+ANTHROPIC_KEY = "sk-ant-key-of-the-tests-0123456789"
+GEMINI_KEY = "gk-key-of-the-tests-0123456789"
+CLAUDE = "claude-small"  # unknown to litellm's map: the proxy counts by estimate
+GEMINI = "gemini-2.5-flash"  # known to it: litellm sends the system prompt as Gemini's own
+WINDOW = 8192
+
+
+def litellm_config(anthropic: FakeAnthropic, gemini: FakeGemini, **sections: Any) -> Config:
+    """Chat completions for claude-* go to the Anthropic fake, for gemini-* to the Gemini
+    fake, both through litellm, at an 8k window; `sections` are merged in."""
+    data = {
+        "upstreams": {
+            "claude": {
+                "kind": "litellm",
+                "provider_model": "anthropic/{model}",
+                "base_url": anthropic.base_url,
+                "api_key": ANTHROPIC_KEY,
+            },
+            "gemini": {
+                "kind": "litellm",
+                "provider_model": "gemini/{model}",
+                "base_url": gemini.base_url,
+                "api_key": GEMINI_KEY,
+            },
+        },
+        "default_upstream": "claude",
+        "models": [
+            {"match": "claude-*", "upstream": "claude", "context_window": WINDOW},
+            {"match": "gemini-*", "upstream": "gemini", "context_window": WINDOW},
+        ],
+    }
+    return loads(yaml.safe_dump(merged(data, sections)))
+
+
+@dataclasses.dataclass
+class Providers:
+    anthropic: FakeAnthropic
+    gemini: FakeGemini
+    proxy: ServerThread
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        """The OpenAI SDK pointed at the proxy, with a key of its own (never forwarded)."""
+        return openai.OpenAI(
+            base_url=self.proxy.url + "/v1", api_key="sk-client-key", max_retries=0, **kwargs
+        )
+
+    def reset(self) -> None:
+        self.anthropic.reset()
+        self.anthropic.behavior, self.anthropic.api_key = "", ANTHROPIC_KEY
+        self.gemini.reset()
+
+
+@contextlib.contextmanager
+def providers(**sections: Any) -> Iterator[Providers]:
+    """Both fakes, and the proxy in front of them (`sections` merged into its config)."""
+    anthropic = FakeAnthropic(windows={CLAUDE: WINDOW}, api_key=ANTHROPIC_KEY)
+    gemini = FakeGemini(windows={GEMINI: WINDOW}, api_key=GEMINI_KEY)
+    with anthropic, gemini:
+        config = litellm_config(anthropic, gemini, **sections)
+        with proxy_server(config) as proxy:
+            yield Providers(anthropic, gemini, proxy)
