@@ -77,7 +77,13 @@ def _process(
             path.unlink(missing_ok=True)
 
 
-def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, started: float) -> float:
+def _wait_until_up(
+    process: subprocess.Popen[bytes],
+    url: str,
+    log: Path,
+    started: float,
+    headers: Mapping[str, str],
+) -> float:
     """Poll `url` until it answers 200; seconds since `started`."""
     deadline = started + START_TIMEOUT
     while time.perf_counter() < deadline:
@@ -85,7 +91,9 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, starte
             raise RuntimeError(f"{process.args!r} exited: {log.read_text()[-2000:]}")
         with (
             contextlib.suppress(urllib.error.URLError, ConnectionError),
-            urllib.request.urlopen(url, timeout=1) as response,
+            urllib.request.urlopen(
+                urllib.request.Request(url, headers={**headers}), timeout=1
+            ) as response,
         ):
             if response.status == 200:
                 return time.perf_counter() - started
@@ -95,13 +103,19 @@ def _wait_until_up(process: subprocess.Popen[bytes], url: str, log: Path, starte
 
 @contextlib.contextmanager
 def serve(
-    args: Sequence[str], name: str, port: int, ready_path: str, cwd: Path = ROOT
+    args: Sequence[str],
+    name: str,
+    port: int,
+    ready_path: str,
+    cwd: Path = ROOT,
+    headers: Mapping[str, str] | None = None,
 ) -> Iterator[Server]:
-    """Run a server process listening on `port` until it answers `ready_path` with a 200."""
+    """Run a server process listening on `port` until it answers `ready_path` (sent with
+    `headers`) with a 200."""
     started = time.perf_counter()
     with _process(args, name, cwd) as (process, log):
         origin = f"http://127.0.0.1:{port}"
-        took = _wait_until_up(process, origin + ready_path, log, started)
+        took = _wait_until_up(process, origin + ready_path, log, started, headers or {})
         yield Server(process, f"{origin}/v1", started, took, log)
 
 
@@ -113,6 +127,19 @@ def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
     args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
     with serve(args, "fake", port, "/v1/models") as server:
         yield server
+
+
+@contextlib.contextmanager
+def fake_anthropic(windows: Mapping[str, int]) -> Iterator[Server]:
+    """The test suite's fake Anthropic Messages API (tests/fake_anthropic.py) on a free port,
+    recording nothing; its `url` has no /v1 (what Anthropic's clients and litellm take)."""
+    port = free_port()
+    args = [sys.executable, "-m", "tests.fake_anthropic", "--port", str(port)]
+    args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
+    headers = {"anthropic-version": "2023-06-01"}
+    with serve(args, "anthropic", port, "/v1/models", headers=headers) as up:
+        up.url = up.url.removesuffix("/v1")
+        yield up
 
 
 @contextlib.contextmanager

@@ -247,6 +247,7 @@ def create_app(
         warming = loop.run_in_executor(None, proxy.limits.warm_up)
         if proxy.litellm is not None:
             await loop.run_in_executor(None, proxy.litellm.load)
+            await proxy.litellm.warm_up()
         yield
         await warming
         await proxy.prepared.close()

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_module.load(path, listen=listen)
         if any(u.kind == "litellm" for u in config.upstreams.values()):
             # litellm places the provider models (an import of seconds, no network).
-            from .litellm_transport import check_providers
+            from .litellm_setup import check_providers
 
             check_providers(config)
     except config_module.ConfigError as exc:

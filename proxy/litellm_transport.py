@@ -7,18 +7,13 @@ keyword arguments of `litellm.acompletion`; the answer goes back as OpenAI's JSO
 chat completions reach litellm: a client can never set litellm's own arguments (`api_base`,
 `api_key`, `mock_response`, ...), so requests only go where the config says.
 
-litellm costs ~160 MB and seconds to import: it is imported at start-up, only when such an
-upstream is configured, set up to stay offline (its model map and headers from the package,
-no tokenizer downloads) and quiet (its loggers print request bodies at debug level).
+litellm itself is imported and set up at start-up by `proxy.litellm_setup`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-import os
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,20 +21,14 @@ import orjson
 
 from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING
 
-from .config import Config, ConfigError, Upstream
+from .config import Config, Upstream
 from .dialects.chat import openai_error_body
 from .errors import APIError, InvalidRequest, NotFound, StreamBroken, UpstreamTimeout
 from .litellm_errors import Failure, failure
+from .litellm_setup import check_providers, load_litellm, loaded, warm_up
 from .upstream import UpstreamResponse
 
 log = logging.getLogger("compaction_proxy")
-
-OFFLINE_ENVIRONMENT = {
-    "LITELLM_OFFLINE_MODE": "true",  # nothing fetched that the config did not name
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
-}
-_LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 
 # Chat completions fields litellm translates for the provider; any other gets a 400.
 REQUEST_FIELDS = frozenset(
@@ -83,55 +72,6 @@ _EPHEMERAL = {"type": "ephemeral"}
 _JSON = [("Content-Type", "application/json")]
 _SSE = [("Content-Type", "text/event-stream; charset=utf-8")]
 
-_module: Any = None
-_importing = threading.Lock()
-
-
-def load_litellm() -> Any:
-    """The litellm module, imported once and set up to stay offline and quiet."""
-    global _module
-    with _importing:
-        if _module is None:
-            os.environ.update(OFFLINE_ENVIRONMENT)
-            module: Any = importlib.import_module("litellm")
-            module.disable_hf_tokenizer_download = True
-            module.suppress_debug_info = True  # no "Give Feedback / Get Help" on stdout
-            module.turn_off_message_logging = True
-            for name in _LITELLM_LOGGERS:
-                logger = logging.getLogger(name)
-                logger.handlers.clear()
-                logger.propagate = False
-                logger.disabled = True
-            _module = module
-        return _module
-
-
-def check_providers(config: Config) -> None:
-    """ConfigError naming every provider model litellm cannot place (imports litellm; no
-    network): a mistyped provider prefix fails the start, not each request."""
-    templates = [
-        (f"upstreams.{name}.provider_model", upstream.provider_model)
-        for name, upstream in config.upstreams.items()
-        if upstream.kind == "litellm"
-    ]
-    templates += [
-        (f"models[{i}].provider_model", override.provider_model)
-        for i, override in enumerate(config.models)
-    ]
-    litellm = load_litellm()
-    problems = []
-    for where, template in templates:
-        # A template whose provider is the request's model can only be judged per request.
-        if template is None or "{model}" in template.split("/", 1)[0]:
-            continue
-        name = template.replace("{model}", "model")
-        try:
-            litellm.get_llm_provider(name)
-        except Exception:
-            problems.append(f"{where}: litellm knows no provider for {template!r}")
-    if problems:
-        raise ConfigError(problems)
-
 
 class LiteLLMTransport:
     """`UpstreamClient.open` for upstreams of kind litellm (a `proxy.upstream.Transport`)."""
@@ -142,6 +82,9 @@ class LiteLLMTransport:
     def load(self) -> None:
         """Import litellm and check the config's provider models (at start-up)."""
         check_providers(self.config)
+
+    async def warm_up(self) -> None:
+        await warm_up(self.config)
 
     async def open(
         self,
@@ -167,7 +110,7 @@ class LiteLLMTransport:
             arguments = self.arguments(upstream, body or b"", reserved_output)
         except InvalidRequest as exc:
             return Whole.error(exc)
-        litellm = _module or await asyncio.to_thread(load_litellm)
+        litellm = loaded() or await asyncio.to_thread(load_litellm)
         stream = None
         try:
             async with asyncio.timeout(upstream.timeouts.first_byte):

@@ -229,6 +229,10 @@ class FakeGemini:
         self._server = ServerThread(app)
 
     @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
     def base_url(self) -> str:
         """What litellm's ``api_base`` takes."""
         return f"{self._server.url}/v1beta"

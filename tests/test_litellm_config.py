@@ -1,0 +1,238 @@
+"""Upstreams of kind litellm in the config: their rules, secrets, the provider check, the
+model names windows are looked up by, the documented examples; and what a request may pass
+to litellm (properties over random requests)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.config import PROVIDER_PARAMS, ConfigError, loads
+from proxy.errors import InvalidRequest
+from proxy.limits import ModelLimits
+from proxy.litellm_setup import check_providers
+from proxy.litellm_transport import IGNORED_FIELDS, REQUEST_FIELDS, LiteLLMTransport, cache_marked
+from tests.conversations import words
+
+ROOT = Path(__file__).resolve().parent.parent
+CLAUDE = """upstreams:
+  claude:
+    kind: litellm
+    provider_model: anthropic/{model}
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as error:
+        loads(text)
+    return error.value.problems
+
+
+def test_base_url_is_optional_for_litellm_only() -> None:
+    assert loads(CLAUDE).upstreams["claude"].base_url == ""
+    assert problems("upstreams:\n  openai: {kind: openai}\n") == [
+        "upstreams.openai.base_url: is required"
+    ]
+    assert problems(CLAUDE + "    base_url: not-a-url\n") == [
+        "upstreams.claude.base_url (<config>, line 5): must be an http:// or https:// URL"
+    ]
+
+
+def test_provider_settings_are_for_litellm_upstreams_only() -> None:
+    found = problems(
+        "upstreams:\n  openai:\n    base_url: https://api.openai.com/v1\n"
+        "    provider_model: x\n    provider_params: {vertex_project: p}\n    prompt_cache: true\n"
+    )
+    assert [p.split(" (")[0] for p in found] == [
+        "upstreams.openai.prompt_cache",
+        "upstreams.openai.provider_model",
+        "upstreams.openai.provider_params",
+    ]
+    assert all(p.endswith("only for upstreams of kind litellm") for p in found)
+
+
+def test_provider_params_are_the_providers_settings() -> None:
+    found = problems(CLAUDE + "    provider_params: {aws_regoin_name: x, api_key: k}\n")
+    assert found[0].startswith("upstreams.claude.provider_params.api_key")
+    assert found[0].endswith("not a provider setting (set it as the upstream's api_key)")
+    assert found[1].startswith("upstreams.claude.provider_params.aws_regoin_name")
+    assert "known: api_version, aws_access_key_id" in found[1]
+    assert problems(CLAUDE + "    provider_params: {aws_region_name: 3}\n") == [
+        "upstreams.claude.provider_params.aws_region_name (<config>, line 5): "
+        "expected a string, got int 3"
+    ]
+
+
+@pytest.mark.parametrize("template", ["anthropic/{name}", "anthropic/ {model}", "", "a}b"])
+def test_a_provider_model_is_a_name_with_model_as_its_only_placeholder(template: str) -> None:
+    (problem,) = problems(CLAUDE.replace("anthropic/{model}", repr(template)))
+    assert problem.startswith("upstreams.claude.provider_model")
+    assert problem.endswith("{model} stands for the request's model")
+
+
+def test_a_models_provider_model_needs_a_litellm_upstream() -> None:
+    text = CLAUDE + "  openai: {base_url: 'https://api.openai.com/v1'}\ndefault_upstream: claude\n"
+    loads(text + "models:\n  - {match: sonnet, provider_model: anthropic/claude-sonnet-4-5}\n")
+    (problem,) = problems(text + "models:\n  - {match: x, upstream: openai, provider_model: y}\n")
+    assert problem.endswith("only for models sent to an upstream of kind litellm")
+
+
+def test_litellm_upstreams_always_hold_credentials() -> None:
+    """They never take the client's credential, so they may spend the environment's."""
+    (problem,) = problems(CLAUDE + "listen: {host: 0.0.0.0}\n")
+    assert problem.startswith("auth: upstreams claude hold their own credentials")
+    sha = "a" * 64
+    keys = f"auth:\n  keys: [{{id: team, sha256: {sha}}}]\n"
+    loads(CLAUDE + "listen: {host: 0.0.0.0}\n" + keys)  # Authorization may hold the proxy key
+
+
+def test_secret_provider_settings_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CP_TEST_AWS_SECRET", "aws-secret-123456")
+    config = loads(
+        CLAUDE
+        + "    api_key: sk-ant-secret-1\n"
+        + "    provider_params: {aws_secret_access_key: '${CP_TEST_AWS_SECRET}',"
+        + " aws_region_name: eu-west-1}\n"
+        + "  openai: {base_url: 'https://api.openai.com/v1'}\ndefault_upstream: claude\n"
+    )
+    masked = config.masked()["upstreams"]
+    assert masked["claude"]["api_key"] == "***"
+    assert masked["claude"]["provider_params"] == {
+        "aws_secret_access_key": "***",
+        "aws_region_name": "eu-west-1",
+    }
+    assert "provider_params" not in masked["openai"]
+    assert "aws-secret-123456" not in orjson.dumps(config.masked()).decode()
+
+
+def test_an_unknown_provider_fails_the_check() -> None:
+    config = loads(
+        CLAUDE.replace("anthropic/", "anthropc/")
+        + "  any: {kind: litellm}\n  self: {kind: litellm, provider_model: '{model}'}\n"
+        + "default_upstream: claude\n"
+        + "models:\n  - {match: sonnet, upstream: claude, provider_model: gemini/gemini-2.5-pro}\n"
+    )
+    with pytest.raises(ConfigError) as error:
+        check_providers(config)
+    assert error.value.problems == [
+        "upstreams.claude.provider_model: litellm knows no provider for 'anthropc/{model}'"
+    ]
+    check_providers(loads(CLAUDE))
+
+
+def test_check_config_names_an_unknown_provider(tmp_path: Path) -> None:
+    file = tmp_path / "config.yaml"
+    file.write_text(CLAUDE.replace("anthropic/", "anthropc/"))
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "litellm knows no provider for 'anthropc/{model}'" in result.stderr
+
+
+def test_windows_are_looked_up_under_the_providers_name() -> None:
+    config = loads(
+        CLAUDE
+        + "  azure: {kind: litellm, provider_model: 'azure/{model}'}\ndefault_upstream: claude\n"
+        + "models:\n  - {match: sonnet, provider_model: anthropic/claude-sonnet-4-5}\n"
+        + "  - {match: fast, upstream: azure, provider_model: azure/gpt-4o}\n"
+    )
+    limits = ModelLimits(config)
+    claude, azure = config.upstreams["claude"], config.upstreams["azure"]
+    assert limits.limits("sonnet", claude).window == 200_000
+    assert limits.limits("claude-sonnet-4-5", claude).window == 200_000
+    assert limits.limits("sonnet", claude).counter.mode == "estimate"
+    assert limits.limits("fast", azure).window == 128_000
+    assert limits.limits("fast", azure).counter.name == "o200k_base"
+    assert limits.limits("sonnet").window == config.default_context_window
+
+
+def test_the_documented_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = (ROOT / "docs/config.md").read_text()
+    example = docs.split("A worked example per provider family:")[1].split("```yaml\n")[1]
+    example = example.split("```")[0]
+    for name in set(re.findall(r"\$\{([A-Z_]+)\}", example)):
+        monkeypatch.setenv(name, f"value-of-{name.lower()}")
+    config = loads(example)
+    assert {u.kind for u in config.upstreams.values()} == {"litellm"}
+    check_providers(config)
+
+
+def test_a_config_without_litellm_does_not_import_it() -> None:
+    code = (
+        "import sys\n"
+        "from proxy.app import create_app\n"
+        "from proxy.config import loads\n"
+        "app = create_app(loads('upstreams: {o: {base_url: \"http://127.0.0.1:9/v1\"}}'))\n"
+        "print('litellm' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.stdout.strip() == "False", result.stderr
+
+
+# -- what reaches litellm -------------------------------------------------------------------------
+
+TRANSPORT = LiteLLMTransport(loads(CLAUDE + "    api_key: k\n"))
+UPSTREAM = TRANSPORT.config.upstreams["claude"]
+FIXED = {"model", "api_key", "api_base", "timeout", "num_retries", "max_retries", "drop_params"}
+names = st.sampled_from(sorted(REQUEST_FIELDS | IGNORED_FIELDS)) | st.text(min_size=1, max_size=12)
+values = st.none() | st.booleans() | st.integers(0, 10) | st.text(max_size=5)
+
+
+@given(st.dictionaries(names, values, max_size=8), st.none() | st.integers(1, 9000))
+def test_only_chat_completions_fields_reach_litellm(fields: dict[str, Any], reserved: Any) -> None:
+    body = {**fields, "model": "claude-small", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        arguments = TRANSPORT.arguments(UPSTREAM, orjson.dumps(body), reserved)
+    except InvalidRequest as exc:
+        unknown = set(body) - REQUEST_FIELDS - IGNORED_FIELDS
+        assert unknown and sorted(unknown)[0] in exc.message
+        return
+    assert set(arguments) <= REQUEST_FIELDS | PROVIDER_PARAMS | FIXED
+    assert arguments["model"] == "anthropic/claude-small" and arguments["api_key"] == "k"
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None and reserved:
+        assert arguments["max_tokens"] == reserved
+    else:
+        assert arguments.get("max_tokens") == body.get("max_tokens")
+
+
+roles = st.sampled_from(["user", "assistant", "tool", "system"])
+message = st.fixed_dictionaries({"role": roles, "content": st.sampled_from(["a", "b", None])})
+
+
+@given(st.lists(message, max_size=12), st.integers(0, 12))
+def test_cache_marks_go_on_the_stable_prefix_only(messages: list[Any], header_at: int) -> None:
+    from policies.plan import SUMMARY_HEADING
+
+    if header_at < len(messages):
+        messages[header_at] = {"role": "user", "content": f"{SUMMARY_HEADING}\n{words(5, 1)}"}
+    before = orjson.dumps(messages)
+    marked = cache_marked(messages)
+    assert orjson.dumps(messages) == before  # the request's own messages are untouched
+    indices = [i for i, m in enumerate(marked) if "cache_control" in m]
+    assert len(indices) <= 2
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    headers = [i for i, m in enumerate(messages) if str(m["content"]).startswith(SUMMARY_HEADING)]
+    expected = set(assistants[-1:]) | set(headers[:1])
+    assert set(indices) == expected
+    assert [{k: v for k, v in m.items() if k != "cache_control"} for m in marked] == messages
