@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 import yaml
 
 from proxy.config import Config, loads
@@ -78,3 +83,35 @@ def providers(**sections: Any) -> Iterator[Providers]:
         config = litellm_config(anthropic, gemini, **sections)
         with proxy_server(config) as proxy:
             yield Providers(anthropic, gemini, proxy)
+
+
+def fixtures() -> tuple[Any, Any]:
+    """A test module's fixtures: `shared`, the fakes and the proxy for the whole module, and
+    `p`, the same with nothing recorded and their default behaviour, for each test."""
+
+    @pytest.fixture(scope="module")
+    def shared() -> Iterator[Providers]:
+        with providers() as found:
+            yield found
+
+    @pytest.fixture
+    def p(shared: Providers) -> Providers:
+        shared.reset()
+        return shared
+
+    return shared, p
+
+
+def python(code: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`code` run by a fresh interpreter from the repository, without proxy settings from the
+    environment (what it connects to must be its own doing)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env, "PYTHONPATH": str(root)},
+    )

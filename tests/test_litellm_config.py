@@ -4,7 +4,6 @@ to litellm (properties over random requests)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from proxy.limits import ModelLimits
 from proxy.litellm_setup import check_providers
 from proxy.litellm_transport import IGNORED_FIELDS, REQUEST_FIELDS, LiteLLMTransport, cache_marked
 from tests.conversations import words
+from tests.litellm_fakes import python
 
 ROOT = Path(__file__).resolve().parent.parent
 CLAUDE = """upstreams:
@@ -179,14 +179,7 @@ def test_a_config_without_litellm_does_not_import_it() -> None:
         "app = create_app(loads('upstreams: {o: {base_url: \"http://127.0.0.1:9/v1\"}}'))\n"
         "print('litellm' in sys.modules)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    result = python(code, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
 

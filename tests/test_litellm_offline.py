@@ -6,12 +6,8 @@ proxy). Every attempt is recorded by an audit hook in a fresh process, below any
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.litellm_fakes import python
 
 PROBE = """
 import json, sys
@@ -54,16 +50,7 @@ print(json.dumps({"attempts": attempts, "ports": ports}))
 
 
 def test_no_connection_but_to_the_configured_providers() -> None:
-    # No proxy settings from the environment: what litellm tries must be its own doing.
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**env, "PYTHONPATH": str(ROOT)},
-    )
+    result = python(PROBE, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     ports = report["ports"]

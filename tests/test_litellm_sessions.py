@@ -5,7 +5,6 @@ the prompt cache marks on Anthropic routes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,16 @@ from policies.plan import SUMMARY_HEADING
 from tests.conftest import metric
 from tests.conversations import words
 from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
-from tests.litellm_fakes import CLAUDE, GEMINI, WINDOW, Providers, providers
+from tests.litellm_fakes import (
+    CLAUDE,
+    GEMINI,
+    WINDOW,
+    Providers,
+    fixtures,
+    providers,
+)
+
+shared, p = fixtures()
 
 
 def say(client: openai.OpenAI, model: str, messages: list[Any], session: str) -> httpx.Headers:
@@ -49,18 +57,6 @@ def is_summary(body: dict[str, Any]) -> bool:
     system = body.get("system")
     text = system if isinstance(system, str) else "".join(b["text"] for b in system or [])
     return text.startswith(SUMMARY_PROMPT_PREFIX)
-
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Providers]:
-    with providers() as found:
-        yield found
-
-
-@pytest.fixture
-def p(shared: Providers) -> Providers:
-    shared.reset()
-    return shared
 
 
 @pytest.mark.parametrize("model", [CLAUDE, GEMINI])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,34 +18,14 @@ from tests.litellm_fakes import (
     GEMINI,
     GEMINI_KEY,
     Providers,
+    fixtures,
     providers,
 )
+from tests.test_proxy_chat import WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 MODELS = [CLAUDE, GEMINI]
 
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Providers]:
-    with providers() as found:
-        yield found
-
-
-@pytest.fixture
-def p(shared: Providers) -> Providers:
-    shared.reset()
-    return shared
+shared, p = fixtures()
 
 
 def sent(p: Providers, model: str) -> list[Any]:
