@@ -51,17 +51,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.fake_upstream import (
-    SUMMARY_PROMPT_PREFIX,
-    RecordedRequest,
-    count_text,
-    digest,
-)
+from tests.fake_upstream import SUMMARY_PROMPT_PREFIX, RecordedRequest, count_text, digest
 from tests.fake_upstream.common import sample_arguments
 from tests.servers import ServerThread
 
-IMAGE_TOKENS = 258
-PART_TOKENS = 3
+IMAGE_TOKENS, PART_TOKENS = 258, 3  # an image; each part's framing
 _STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
 _STATUS |= {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 _TOP = {"contents", "systemInstruction", "tools", "toolConfig", "generationConfig"}
@@ -94,9 +88,12 @@ class GeminiError(Exception):
         super().__init__(message)
         self.code, self.message = code, message
 
+    def body(self) -> bytes:
+        error = {"code": self.code, "message": self.message, "status": _STATUS.get(self.code, "")}
+        return orjson.dumps({"error": error})
+
     def response(self) -> Response:
-        body = {"code": self.code, "message": self.message, "status": _STATUS.get(self.code, "")}
-        return Response(orjson.dumps({"error": body}), self.code, media_type="application/json")
+        return Response(self.body(), self.code, media_type="application/json")
 
 
 def _camel(key: str) -> str:
@@ -159,21 +156,22 @@ def validate(body: Any) -> tuple[list[tuple[str, list[dict[str, Any]]]], dict[st
         kind, before = _kind(parts), _kind(turns[i - 1][1]) if i else None
         if kind == "call" and (role != "model" or before not in ("text", "response")):
             raise GeminiError(400, _ORDER_CALL)
-        if kind == "response":
-            if before != "call" or turns[i - 1][0] != "model":
-                raise GeminiError(400, _ORDER_RESPONSE)
+        if kind == "response" and (before != "call" or turns[i - 1][0] != "model"):
+            raise GeminiError(400, _ORDER_RESPONSE)
+        if before == "call":  # every call answered by the next turn
             calls = sum("functionCall" in p for p in turns[i - 1][1])
             if sum("functionResponse" in p for p in parts) != calls:
                 raise GeminiError(400, _COUNT_RESPONSE)
     if "systemInstruction" in top:
         system = _fields(top["systemInstruction"], {"role", "parts"}, "system_instruction")
         top["systemInstruction"] = _parts(system.get("parts"), "system_instruction.parts")
+    top["declarations"] = []
     for i, tool in enumerate(top.get("tools") or []):
         fields = _fields(tool, _TOOL, f"tools[{i}]")
         for j, declaration in enumerate(fields.get("functionDeclarations") or []):
-            name = _fields(declaration, _DECLARATION, f"tools[{i}].function_declarations[{j}]").get(
-                "name"
-            )
+            where = f"tools[{i}].function_declarations[{j}]"
+            top["declarations"].append(_fields(declaration, _DECLARATION, where))
+            name = top["declarations"][-1].get("name")
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise GeminiError(
                     400,
@@ -189,6 +187,8 @@ def validate(body: Any) -> tuple[list[tuple[str, list[dict[str, Any]]]], dict[st
             "max_output_tokens must be positive.",
         )  # approximate
     top["generationConfig"] = config
+    calling = _fields(top.get("toolConfig") or {}, {"functionCallingConfig"}, "tool_config")
+    top["mode"] = (calling.get("functionCallingConfig") or {}).get("mode")
     return turns, top
 
 
@@ -329,25 +329,10 @@ class FakeGemini:
         if system.startswith(SUMMARY_PROMPT_PREFIX):
             text = self.summarizer(body)
         else:
-            declared = [
-                d
-                for t in top.get("tools") or []
-                for d in _fields(t, _TOOL, "").get("functionDeclarations") or []
-            ]
-            mode = (
-                _fields(top.get("toolConfig") or {}, {"functionCallingConfig"}, "").get(
-                    "functionCallingConfig"
-                )
-                or {}
-            ).get("mode")
-            last_role, last_parts = turns[-1]
-            if (
-                declared
-                and (tool_call or mode == "ANY")
-                and _kind(last_parts) == "text"
-                and last_role == "user"
-            ):
-                function = _fields(declared[0], _DECLARATION, "")
+            declared, (last_role, last_parts) = top["declarations"], turns[-1]
+            wanted = tool_call or top["mode"] == "ANY"
+            if declared and wanted and last_role == "user" and _kind(last_parts) == "text":
+                function = declared[0]
                 schema = function.get("parameters") or function.get("parametersJsonSchema") or {}
                 args = orjson.loads(sample_arguments(schema))
                 return [{"functionCall": {"name": function["name"], "args": args}}], "STOP"
@@ -379,12 +364,8 @@ class FakeGemini:
         output = 0
         for i, piece in enumerate(pieces):
             if fail and i == 2:
-                error = {
-                    "code": 503,
-                    "message": "The model is overloaded. Please try again later.",
-                    "status": "UNAVAILABLE",
-                }
-                yield b"data: " + orjson.dumps({"error": error}) + b"\r\n\r\n"
+                error = GeminiError(503, "The model is overloaded. Please try again later.")
+                yield b"data: " + error.body() + b"\r\n\r\n"
                 return
             output += count_text(orjson.dumps(piece).decode(), "cl100k_base")
             counts = usage | {
