@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from . import litellm_transport
 from .admin import Admin
 from .ahead import PreparedSummaries
 from .calibration import Calibration
@@ -25,7 +26,6 @@ from .dialects.chat import Chat
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .handler import Handler
 from .limits import ModelLimits
-from .litellm_transport import LiteLLMTransport
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .requests import query_string, read_body
 from .sessions import Sessions
@@ -82,10 +82,7 @@ class Proxy:
         ]
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
         self._passthrough = config.upstreams[next(n for n in defaults if n)]
-        # Only a config with an upstream of kind litellm pays for importing litellm.
-        self.litellm: LiteLLMTransport | None = None
-        if any(u.kind == "litellm" for u in config.upstreams.values()):
-            self.litellm = client.transports["litellm"] = LiteLLMTransport(config)
+        self.litellm = litellm_transport.register(client, config)
 
     async def passthrough(self, request: Request) -> ASGIApp:
         """Any other /v1/* call: forwarded untouched to the default upstream (of chat

@@ -26,7 +26,7 @@ from .dialects.chat import openai_error_body
 from .errors import APIError, InvalidRequest, NotFound, StreamBroken, UpstreamTimeout
 from .litellm_errors import Failure, failure
 from .litellm_setup import check_providers, load_litellm, loaded, warm_up
-from .upstream import UpstreamResponse
+from .upstream import UpstreamClient, UpstreamResponse
 
 log = logging.getLogger("compaction_proxy")
 
@@ -175,6 +175,15 @@ class LiteLLMTransport:
             "max_retries": 0,
             "drop_params": True,  # what a provider does not support is left out
         }
+
+
+def register(client: UpstreamClient, config: Config) -> LiteLLMTransport | None:
+    """The transport of kind litellm on `client`, when the config has such an upstream (only
+    then is litellm imported)."""
+    if not any(u.kind == "litellm" for u in config.upstreams.values()):
+        return None
+    transport = client.transports["litellm"] = LiteLLMTransport(config)
+    return transport
 
 
 def cache_marked(messages: list[Any]) -> list[Any]:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 import policies
 
+from . import litellm_transport
 from .ahead import PreparedSummaries
 from .calibration import Calibration
 from .compactor import Compactor
@@ -128,6 +129,8 @@ class Replay:
         metrics = Metrics()
         self.sessions = Sessions(store, metrics)
         self.client = UpstreamClient() if live else None
+        if self.client is not None:
+            litellm_transport.register(self.client, config)
         summarizers = (
             Summarizers(config, self.client, self.limits, metrics) if self.client else _DigestOnly()
         )
@@ -159,7 +162,7 @@ class Replay:
         request = ClientRequest(
             self.dialect, parsed, TENANT, session, *self._route(parsed.model, where), ()
         )
-        limits = self.limits.limits(parsed.model)
+        limits = self.limits.limits(parsed.model, request.upstream)
         budget = request.policy.compaction.budget(
             limits.window, limits.max_output, parsed.max_output
         )
