@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/compaction.py
 	$(BIN)/python bench/savings.py
 	$(BIN)/python bench/sessions.py
+	$(BIN)/python bench/litellm_route.py
 
 docker-smoke: $(STAMP)
 	PYTHON=$(BIN)/python scripts/docker-smoke.sh
