@@ -5,8 +5,6 @@ to litellm (properties over random requests)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.cli import main
 from proxy.config import PROVIDER_PARAMS, ConfigError, loads
 from proxy.errors import InvalidRequest
 from proxy.limits import ModelLimits
@@ -129,18 +128,13 @@ def test_an_unknown_provider_fails_the_check() -> None:
     check_providers(loads(CLAUDE))
 
 
-def test_check_config_names_an_unknown_provider(tmp_path: Path) -> None:
+def test_check_config_names_an_unknown_provider(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     file = tmp_path / "config.yaml"
     file.write_text(CLAUDE.replace("anthropic/", "anthropc/"))
-    result = subprocess.run(
-        [sys.executable, "-m", "proxy", "check-config", str(file)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "litellm knows no provider for 'anthropc/{model}'" in result.stderr
+    assert main(["check-config", str(file)]) == 2
+    assert "litellm knows no provider for 'anthropc/{model}'" in capsys.readouterr().err
 
 
 def test_windows_are_looked_up_under_the_providers_name() -> None:
