@@ -22,7 +22,7 @@ import orjson
 from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING
 
 from .config import Config, Upstream
-from .dialects.chat import openai_error_body
+from .dialects.openai import openai_error_body
 from .errors import APIError, InvalidRequest, NotFound, StreamBroken, UpstreamTimeout
 from .litellm_errors import Failure, failure
 from .litellm_setup import check_providers, load_litellm, loaded, warm_up
