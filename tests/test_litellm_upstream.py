@@ -323,3 +323,15 @@ def test_unreachable_and_silent_providers(p: Providers) -> None:
                 model=CLAUDE, messages=[{"role": "user", "content": "Hi"}]
             )
         assert caught.value.status_code == 504
+
+
+def test_a_client_gone_mid_stream_closes_the_providers_stream(p: Providers) -> None:
+    p.anthropic.behavior = "slow-stream:0.3"
+    body = {"model": CLAUDE, "messages": [{"role": "user", "content": "Stream"}], "stream": True}
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", p.proxy.url + "/v1/chat/completions", json=body) as response,
+    ):
+        assert next(response.iter_lines()).startswith("data: ")
+    # litellm's stream is closed with the client's, and with it the provider's connection.
+    assert p.anthropic.wait_for(lambda: p.anthropic.cancelled >= 1, timeout=5)
