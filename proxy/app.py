@@ -248,6 +248,8 @@ def create_app(
         yield
         await warming
         await proxy.prepared.close()
+        if proxy.litellm is not None:
+            await proxy.litellm.close()
         if owns_client:
             await client.close()
         if owns_store:

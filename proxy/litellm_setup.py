@@ -103,3 +103,20 @@ async def warm_up(config: Config) -> None:
                         pass
             except Exception as exc:  # best effort: the first request pays instead
                 log.info("litellm warm-up failed", extra={"error": type(exc).__name__})
+
+
+async def close_clients() -> None:
+    """Close the HTTP clients litellm made on this event loop, with their pooled connections
+    to the providers: litellm keeps them for the life of the process."""
+    litellm = loaded()
+    if litellm is None:
+        return
+    closer = importlib.import_module("litellm.caching.evicted_client_closer")
+    cache = litellm.in_memory_llm_clients_cache
+    suffix = f"-{closer.running_loop_token()}"
+    for key in [k for k in cache.cache_dict if str(k).endswith(suffix)]:
+        client = cache.cache_dict.pop(key)
+        try:
+            await client.close()
+        except Exception as exc:  # closing is best effort at shutdown
+            log.info("litellm client not closed", extra={"error": type(exc).__name__})

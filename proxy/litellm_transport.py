@@ -25,7 +25,7 @@ from .config import Config, Upstream
 from .dialects.openai import openai_error_body
 from .errors import APIError, InvalidRequest, NotFound, StreamBroken, UpstreamTimeout
 from .litellm_errors import Failure, failure
-from .litellm_setup import check_providers, load_litellm, loaded, warm_up
+from .litellm_setup import check_providers, close_clients, load_litellm, loaded, warm_up
 from .upstream import UpstreamClient, UpstreamResponse
 
 log = logging.getLogger("compaction_proxy")
@@ -85,6 +85,9 @@ class LiteLLMTransport:
 
     async def warm_up(self) -> None:
         await warm_up(self.config)
+
+    async def close(self) -> None:
+        await close_clients()
 
     async def open(
         self,

@@ -61,12 +61,11 @@ class Providers:
     anthropic: FakeAnthropic
     gemini: FakeGemini
     proxy: ServerThread
+    sdk: openai.OpenAI
 
-    def client(self, **kwargs: Any) -> openai.OpenAI:
+    def client(self) -> openai.OpenAI:
         """The OpenAI SDK pointed at the proxy, with a key of its own (never forwarded)."""
-        return openai.OpenAI(
-            base_url=self.proxy.url + "/v1", api_key="sk-client-key", max_retries=0, **kwargs
-        )
+        return self.sdk
 
     def reset(self) -> None:
         self.anthropic.reset()
@@ -82,7 +81,9 @@ def providers(**sections: Any) -> Iterator[Providers]:
     with anthropic, gemini:
         config = litellm_config(anthropic, gemini, **sections)
         with proxy_server(config) as proxy:
-            yield Providers(anthropic, gemini, proxy)
+            url = proxy.url + "/v1"
+            with openai.OpenAI(base_url=url, api_key="sk-client-key", max_retries=0) as sdk:
+                yield Providers(anthropic, gemini, proxy, sdk)
 
 
 def fixtures() -> tuple[Any, Any]:

@@ -88,7 +88,7 @@ def test_a_models_provider_model_needs_a_litellm_upstream() -> None:
 def test_litellm_upstreams_always_hold_credentials() -> None:
     """They never take the client's credential, so they may spend the environment's."""
     (problem,) = problems(CLAUDE + "listen: {host: 0.0.0.0}\n")
-    assert problem.startswith("auth: upstreams claude hold their own credentials")
+    assert problem.startswith("auth: upstream 'claude' holds its own credentials and the proxy")
     sha = "a" * 64
     keys = f"auth:\n  keys: [{{id: team, sha256: {sha}}}]\n"
     loads(CLAUDE + "listen: {host: 0.0.0.0}\n" + keys)  # Authorization may hold the proxy key
