@@ -47,8 +47,8 @@ def media_tokens(part: Mapping[str, Any]) -> int:
     scaling into 2048x2048 and the short side down to 768; the size is read from a data
     URL's header, and taken as 1024x1024 when it is not known. Documents and audio are
     estimated from the size of their data. An opaque part, `{"type": "opaque", "tokens": N}`,
-    stands for content nobody can read (encrypted reasoning, a reference to a stored item)
-    and costs the N tokens its dialect estimated.
+    stands for content nobody can read (encrypted reasoning, a reference to a stored item, an
+    Anthropic server tool's result) and costs the N tokens its dialect estimated.
     """
     kind = part.get("type")
     if kind == "opaque":

@@ -83,12 +83,21 @@ class Proxy:
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
         self._passthrough = config.upstreams[next(n for n in defaults if n)]
         self.litellm = litellm_transport.register(client, config)
+        messages = config.default_upstream_for("messages")
+        anthropic = config.upstreams.get(messages or "")
+        self._anthropic = (
+            anthropic if anthropic is not None and anthropic.serves("messages") else None
+        )
 
     async def passthrough(self, request: Request) -> ASGIApp:
         """Any other /v1/* call: forwarded untouched to the default upstream (of chat
-        completions when defaults are set per API)."""
+        completions when defaults are set per API), or to the default Anthropic Messages
+        upstream when it comes from an Anthropic client (every call of the Anthropic API
+        carries an `anthropic-version` header)."""
         self.tenants.tenant(request.headers)
         upstream = self._passthrough
+        if "anthropic-version" in request.headers and self._anthropic is not None:
+            upstream = self._anthropic  # an Anthropic client's call: count_tokens, models
         body = await read_body(request, self.config.listen.max_body_bytes)
         path = _relative_path(request)
         headers = relayable(request.headers.items(), self._drop)
@@ -97,7 +106,7 @@ class Proxy:
         )
         self.metrics.requests.labels("passthrough", str(response.status)).inc()
 
-        def on_end(tail: bytes, outcome: str) -> None:
+        def on_end(head: bytes, tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
 
         chunks = response.chunks(upstream.timeouts.stream_idle)

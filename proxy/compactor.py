@@ -110,6 +110,8 @@ class Compactor:
 
     async def _turn(self, request: ClientRequest) -> Turn:
         limits = self.limits.limits(request.parsed.model, request.upstream)
+        if request.window is not None:
+            limits = dataclasses.replace(limits, window=request.window)
         loaded = await self.sessions.load(request.key)
         budget = request.policy.compaction.budget(
             limits.window, limits.max_output, request.parsed.max_output
@@ -141,11 +143,14 @@ class Compactor:
         result: policies.Compaction | None = None,
     ) -> Forward:
         request = turn.request
-        body = (
-            request.parsed.raw
-            if entries is None
-            else request.dialect.render(request.parsed, entries)
-        )
+        if entries is None:
+            body = request.parsed.raw
+        else:
+            plan = result.plan if result else turn.plan
+            stable = None
+            if request.policy.cache_breakpoints:
+                stable = covered_messages(request.messages, plan.covered)
+            body = request.dialect.render(request.parsed, entries, stable)
         return Forward(
             body,
             request.key,
@@ -238,6 +243,17 @@ class Compactor:
             )
 
         await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
+
+
+def covered_messages(messages: list[policies.Message], covered: int) -> int:
+    """How many of the request's messages lie in the first `covered` chain positions (the
+    part of the history a plan was made over)."""
+    seen = 0
+    for index, message in enumerate(messages):
+        if seen == covered:
+            return index
+        seen += not policies.is_system(message)
+    return len(messages)
 
 
 def _overflow_message(turn: Turn, result: policies.Compaction) -> str:

@@ -27,12 +27,10 @@ from .sessions import session_id
 from .streaming import Relay
 from .tenants import Tenants
 from .turn import ClientRequest
-from .upstream import UpstreamClient, UpstreamResponse, relayable
+from .upstream import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, relayable
 
 log = logging.getLogger("compaction_proxy")
 
-# Where clients put their upstream credential: OpenAI, Azure, Anthropic.
-CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
 
@@ -59,6 +57,8 @@ class Handler:
         # The upstream is asked for an identity body so that `usage` can be read on the way
         # while the bytes are relayed unchanged.
         self.drop_headers = own_headers | {"accept-encoding"}
+        # What the request's own summary call carries: the credential, and its API's headers.
+        self.carried = CREDENTIAL_HEADERS | dialect.call_headers.keys()
 
     async def __call__(self, request: Request) -> ASGIApp:
         started = time.perf_counter()
@@ -87,8 +87,9 @@ class Handler:
             credentials=tuple(
                 (name, value)
                 for name, value in headers.items()
-                if name in CREDENTIAL_HEADERS and name not in self.drop_headers
+                if name in self.carried and name not in self.drop_headers
             ),
+            window=self.dialect.window(headers),
         )
         forward = await self.compactor.prepare(client_request)
         if parsed.opaque_reason is not None:
@@ -218,27 +219,32 @@ class Handler:
         parsed: Parsed = request.parsed
         want_usage = self.dialect.wants_usage(parsed)
 
-        def on_end(tail: bytes, outcome: str) -> None:
+        def on_end(head: bytes, tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
             if outcome == "upstream_broken":
                 self.metrics.upstream_errors.labels("broken_stream").inc()
             if want_usage and outcome == "complete":
-                self._calibrate(request, forward, self.dialect.stream_usage(tail))
+                usage = self.dialect.stream_start_usage(head) or self.dialect.stream_usage(tail)
+                self._calibrate(request, forward, usage)
 
         self._count(forward, response.status)
         return Relay(response.status, headers, chunks, on_end)
 
     def _calibrate(self, request: ClientRequest, forward: Forward, usage: Usage | None) -> None:
-        """Calibrate the counter by the upstream's own count of what was forwarded."""
+        """Calibrate the counter by the upstream's own count of what was forwarded, and count
+        what the upstream's prompt cache read and wrote."""
         if usage is None:
             return
         if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
             self.compactor.calibration.observe(
                 request.key, usage.prompt_tokens, forward.tokens_after
             )
-        self.metrics.upstream_prompt_tokens.labels(self.dialect.name).inc(usage.prompt_tokens)
+        dialect = self.dialect.name
+        self.metrics.upstream_prompt_tokens.labels(dialect).inc(usage.prompt_tokens)
         if usage.cached_tokens:
-            self.metrics.cached_prompt_tokens.labels(self.dialect.name).inc(usage.cached_tokens)
+            self.metrics.cached_prompt_tokens.labels(dialect).inc(usage.cached_tokens)
+        if usage.cache_creation_tokens:
+            self.metrics.cache_creation_tokens.labels(dialect).inc(usage.cache_creation_tokens)
 
     def _count(self, forward: Forward, status: int) -> None:
         self.metrics.requests.labels(self.dialect.name, str(status)).inc()

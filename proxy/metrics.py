@@ -76,6 +76,12 @@ class Metrics:
             ["dialect"],
             registry=r,
         )
+        self.cache_creation_tokens = Counter(
+            "compaction_proxy_cache_creation_tokens",
+            "Of those, the tokens the upstream wrote to its prompt cache (Anthropic's usage).",
+            ["dialect"],
+            registry=r,
+        )
         self.held_upstream = Counter(
             "compaction_proxy_held_upstream",
             "Requests forwarded unchanged because their history is held upstream, by reason "

@@ -18,14 +18,17 @@ from .errors import StreamBroken
 
 log = logging.getLogger("compaction_proxy")
 
+HEAD_BYTES = 4 * 1024
 TAIL_BYTES = 16 * 1024
 
 
 class Relay:
-    """An ASGI response that relays `chunks`; `on_end(tail, outcome)` runs when it is over.
+    """An ASGI response that relays `chunks`; `on_end(head, tail, outcome)` runs when it is
+    over.
 
-    `tail` is the last few KiB of the body (the usage chunk of a stream is there), `outcome`
-    one of "complete", "client_disconnected" or "upstream_broken".
+    `head` and `tail` are the first and the last few KiB of the body (a stream's usage is in
+    one of them: Anthropic's at the start, OpenAI's at the end), `outcome` one of "complete",
+    "client_disconnected" or "upstream_broken".
     """
 
     def __init__(
@@ -33,7 +36,7 @@ class Relay:
         status: int,
         headers: list[tuple[str, str]],
         chunks: AsyncIterator[bytes],
-        on_end: Callable[[bytes, str], None],
+        on_end: Callable[[bytes, bytes, str], None],
     ) -> None:
         self.status = status
         self.headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
@@ -41,8 +44,8 @@ class Relay:
         self.on_end = on_end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        tail = bytearray()
-        pump = asyncio.ensure_future(self._pump(send, tail))
+        head, tail = bytearray(), bytearray()
+        pump = asyncio.ensure_future(self._pump(send, head, tail))
         watch = asyncio.ensure_future(until_disconnect(receive))
         done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
         outcome = "client_disconnected"
@@ -60,13 +63,15 @@ class Relay:
             aclose = getattr(self.chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-            self.on_end(bytes(tail), outcome)
+            self.on_end(bytes(head), bytes(tail), outcome)
 
-    async def _pump(self, send: Send, tail: bytearray) -> str:
+    async def _pump(self, send: Send, head: bytearray, tail: bytearray) -> str:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         try:
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if len(head) < HEAD_BYTES:
+                    head += chunk[: HEAD_BYTES - len(head)]
                 tail += chunk
                 if len(tail) > TAIL_BYTES:
                     del tail[: len(tail) - TAIL_BYTES]

@@ -100,10 +100,16 @@ class Summarizers:
         self.metrics = metrics
         self.cooldowns = Cooldowns()
 
-    def for_request(self, request: ClientRequest) -> LLMSummarizer:
+    def for_request(self, request: ClientRequest) -> LLMSummarizer | None:
+        """None when the summary would go to the request's own upstream on a client
+        credential that is only for the client's own requests (a Claude subscription's
+        token): the mechanical digest stands in."""
         settings = request.policy.summarizer
         upstream = request.upstream
         chosen = self.config.upstreams[settings.upstream] if settings.upstream else upstream
+        reuse = chosen is upstream and not upstream.api_key
+        if reuse and not request.dialect.may_reuse_credentials(request.credentials):
+            return None
         model = settings.model or request.parsed.model
         limits = self.limits.limits(model, chosen)
         return LLMSummarizer(
@@ -204,6 +210,8 @@ class LLMSummarizer:
             self.settings.temperature,
         )
         headers = [("Content-Type", "application/json"), SUMMARY_HEADER, *self.credentials]
+        carried = {name.lower() for name, _ in self.credentials}
+        headers += [(n, v) for n, v in self.dialect.call_headers.items() if n not in carried]
         failure = "no attempt"
         for _ in range(1 + self.settings.retries):
             self.calls += 1

@@ -1,7 +1,8 @@
 """Who is calling: the tenant whose sessions a request may see.
 
 With inbound keys configured the tenant is the id of the key presented; otherwise it is a
-hash of the caller's upstream credential. A credential itself is never kept or logged.
+hash of the caller's upstream credential (`Authorization`, Azure's `api-key` or Anthropic's
+`x-api-key`). A credential itself is never kept or logged.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class Tenants:
     def tenant(self, headers: Mapping[str, str]) -> str:
         if self._keys:
             return self._inbound(headers)
-        credential = headers.get("authorization") or headers.get("api-key")
+        credential = (
+            headers.get("authorization") or headers.get("api-key") or headers.get("x-api-key")
+        )
         if not credential:
             return ANONYMOUS
         digest = hashlib.sha256(bearer(credential).encode()).hexdigest()

@@ -139,6 +139,11 @@ class TokenCounter:
         """What a request costs besides its messages: tools schema and reply priming."""
         return REPLY_PRIMING + self.tools(body.get("tools")) + self.tools(body.get("functions"))
 
+    def json(self, value: Any) -> int:
+        """A value the formula does not know (another API's tools schema, say), by its JSON
+        text; memoised."""
+        return self._cached(value, self._opaque)
+
     def cache_info(self) -> CacheInfo:
         memo = self._memo
         return CacheInfo(memo.hits, memo.misses, len(memo), memo.size)

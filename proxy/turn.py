@@ -25,8 +25,10 @@ class ClientRequest:
     session: str
     policy: Policy
     upstream: Upstream
-    # The client's credential headers, for this request's own summary only; never stored.
+    # The client's credential headers (and those its API's calls need, such as
+    # anthropic-version), for this request's own summary only; never stored.
     credentials: tuple[tuple[str, str], ...]
+    window: int | None = None  # the context window the request's own headers open
 
     @functools.cached_property
     def key(self) -> str:

@@ -34,6 +34,17 @@ HOP_BY_HOP = frozenset(
 )
 # Recomputed by whoever sends the body next.
 _FRAMING = frozenset({"content-length", "host"})
+# Where clients put their upstream credential: OpenAI, Azure, Anthropic.
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+
+
+def credential_header(upstream: Upstream) -> tuple[str, str] | None:
+    """The header that carries the upstream's own key, in its kind's form."""
+    if not upstream.api_key:
+        return None
+    if upstream.kind == "anthropic":
+        return ("x-api-key", upstream.api_key)
+    return ("Authorization", f"Bearer {upstream.api_key}")
 
 
 def relayable(
@@ -169,9 +180,11 @@ class UpstreamClient:
                 upstream, method, path, query, headers, body, reserved_output=reserved_output
             )
         url = upstream.base_url.rstrip("/") + path + (f"?{query}" if query else "")
-        if upstream.api_key:
-            headers = [(n, v) for n, v in headers if n.lower() not in ("authorization", "api-key")]
-            headers.append(("Authorization", f"Bearer {upstream.api_key}"))
+        own = credential_header(upstream)
+        if own is not None:
+            # The upstream's key replaces whatever credential the client sent, in any header.
+            headers = [(n, v) for n, v in headers if n.lower() not in CREDENTIAL_HEADERS]
+            headers.append(own)
         timeouts = upstream.timeouts
         try:
             async with asyncio.timeout(timeouts.first_byte):

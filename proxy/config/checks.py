@@ -43,6 +43,7 @@ def check(config: Config, source: Source) -> None:
     if config.default_policy not in config.policies:
         p(("default_policy",), f"names no policy: {config.default_policy!r}")
     _check_routes(config, p)
+    _check_summary_roles(config, p)
     for i, key in enumerate(config.auth.keys):
         if len(key.sha256) != 64 or any(c not in "0123456789abcdef" for c in key.sha256):
             p(("auth", "keys", i, "sha256"), "must be 64 lowercase hex characters")
@@ -156,6 +157,34 @@ def _check_routes(config: Config, p: Problem) -> None:
             )
 
 
+def _check_summary_roles(config: Config, p: Problem) -> None:
+    """A policy that may serve Anthropic Messages requests puts its summary in a user message:
+    the API has no other place for it (`system` is a field of its own, never changed)."""
+
+    def serves(name: str | None) -> bool:
+        upstream = config.upstreams.get(name or "")
+        return upstream is not None and upstream.serves("messages")
+
+    fallbacks = [config.default_upstream_for("messages"), *(m.upstream for m in config.models)]
+    by_default = any(serves(name) for name in fallbacks)
+    users: dict[str, str] = {}
+    if by_default:
+        users[config.default_policy] = "as the default policy"
+    for i, route in enumerate(config.routes):
+        if route.dialects is not None and "messages" not in route.dialects:
+            continue
+        if serves(route.upstream) or (route.upstream is None and by_default):
+            users.setdefault(route.policy, f"through routes[{i}]")
+    for name, where in users.items():
+        policy = config.policies.get(name)
+        if policy is not None and policy.compaction.summary_role != "user":
+            p(
+                ("policies", name, "summary_role"),
+                f"must be user: the policy serves Anthropic Messages requests ({where}), "
+                "whose summary is a user message",
+            )
+
+
 def _serving(config: Config, name: str) -> str:
     upstream = config.upstreams[name]
     return (
@@ -168,7 +197,10 @@ def _check_open_relay(config: Config, p: Problem) -> None:
     # api_key or the provider's own credentials from the environment (AWS, Google, ...).
     holds_key = [n for n, u in config.upstreams.items() if u.api_key or u.kind == "litellm"]
     if config.auth.keys and config.auth.header.lower() == "authorization":
-        passthrough = [n for n in config.upstreams if n not in holds_key]
+        # Anthropic clients can still send their own key in x-api-key.
+        passthrough = [
+            n for n, u in config.upstreams.items() if n not in holds_key and u.kind != "anthropic"
+        ]
         if passthrough:
             p(
                 ("auth", "header"),

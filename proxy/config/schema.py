@@ -174,10 +174,14 @@ class Summarizer:
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """A named policy: the engine's policy (levels, protection, anchors, layers) and the
-    summarizer that writes its summaries. In the file the engine's keys sit flat in it."""
+    """A named policy: the engine's policy (levels, protection, anchors, layers), the
+    summarizer that writes its summaries and how the view is marked for prompt caches. In
+    the file the engine's keys sit flat in it."""
 
     summarizer: Summarizer = Summarizer()
+    # Anthropic Messages: add the proxy's own prompt-cache breakpoints in the slots the
+    # client left free (docs/anthropic.md).
+    cache_breakpoints: bool = True
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )

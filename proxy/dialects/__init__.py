@@ -6,9 +6,10 @@ A new wire format is one new module here with a `Dialect` subclass, added to `DI
 from ..config import DIALECTS_BY_KIND
 from .base import Dialect, Entries, Parsed, Usage
 from .chat import Chat
+from .messages import Messages
 from .responses import Responses
 
-DIALECTS: tuple[Dialect, ...] = (Chat(), Responses())
+DIALECTS: tuple[Dialect, ...] = (Chat(), Responses(), Messages())
 _BY_NAME = {dialect.name: dialect for dialect in DIALECTS}
 
 

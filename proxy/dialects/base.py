@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from starlette.responses import Response
 
@@ -56,8 +56,9 @@ class Parsed:
 class Usage:
     """The upstream's own count of the prompt it was sent, from its response."""
 
-    prompt_tokens: int
-    cached_tokens: int | None = None
+    prompt_tokens: int  # the whole prompt, whether read from a cache or not
+    cached_tokens: int | None = None  # of which read from the upstream's prompt cache
+    cache_creation_tokens: int | None = None  # of which written to it (Anthropic)
 
 
 class Dialect(ABC):
@@ -67,6 +68,9 @@ class Dialect(ABC):
     path: ClassVar[str]  # the inbound path
     upstream_path: ClassVar[str]  # relative to the upstream's base URL
     conversation_param: ClassVar[str]  # the body field holding the conversation
+    # Request headers that the proxy's own calls in this API (summaries) carry besides the
+    # credential, with the value they take when the request has none.
+    call_headers: ClassVar[Mapping[str, str]] = {}
 
     @abstractmethod
     def parse(self, raw: bytes) -> Parsed:
@@ -129,22 +133,93 @@ class Dialect(ABC):
         """The summary in a successful answer; SummaryFailed("overlong") when it was cut off
         (a summary that lost its end lost its last sections)."""
 
+    def stream_start_usage(self, head: bytes) -> Usage | None:
+        """Usage from the first bytes of a streamed response, for APIs that report it at the
+        start (preferred to the tail's when both are there). Others never do."""
+        return None
+
+    def window(self, headers: Mapping[str, str]) -> int | None:
+        """The context window the request's own headers open, when they set one."""
+        return None
+
+    def may_reuse_credentials(self, credentials: Sequence[tuple[str, str]]) -> bool:
+        """Whether the client's credential may pay for the proxy's own calls (summaries) on
+        its upstream; a credential that is only for the client's own requests may not."""
+        return True
+
     def stream_overflow(self, head: bytes) -> bool | None:
         """Whether the first bytes of a streamed 200 answer say the prompt is over the window,
         for APIs that report it inside the stream (None: not known yet). Others never do."""
         return False
 
-    def render(self, parsed: Parsed, entries: Entries) -> bytes:
-        """The body that forwards the view `entries` (from `policies.render_entries`)."""
+    def render(self, parsed: Parsed, entries: Entries, stable: int | None = None) -> bytes:
+        """The body that forwards the view `entries` (from `policies.render_entries`).
+
+        `stable`, when the policy lets the proxy mark prompt-cache breakpoints, is how many of
+        the request's messages the session's plan covers: their view stays byte-identical
+        until the next compaction. Only APIs that cache up to explicit breakpoints use it.
+        """
+        if parsed.spans is not None:
+            groups = self.groups(parsed, entries)
+            return self.body_with(parsed, [item for _, group in groups for item in group])
         items: list[Any] = []
         for index, message in entries:
             if index is None:
                 items += self.summary_items(message)
                 continue
-            native = parsed.native(index)
             original = parsed.messages[index]
             if message is original:
-                items += native
+                items.append(parsed.items[index])
             else:
-                items += self.edited_items(native, original, message)
+                items += self.edited_items(parsed.items[index : index + 1], original, message)
         return self.body_with(parsed, items)
+
+    def groups(self, parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]]]:
+        """The view as native items, one group per native span: (the index of the group's
+        last request message, None for the header message; the group's items).
+
+        Several canonical messages may stand for the same native items (an Anthropic user
+        turn holds tool results and text): that span goes out once, as received when all its
+        messages are shown unchanged, else rebuilt by `shared_items` with every edit.
+        """
+        spans = cast(Sequence[slice], parsed.spans)
+        members: dict[int, list[int]] = {}
+        for position, span in enumerate(spans):
+            members.setdefault(span.start, []).append(position)
+        groups: list[tuple[int | None, list[Any]]] = []
+        run: dict[int, Message] = {}
+
+        def flush() -> None:
+            if not run:
+                return
+            first = next(iter(run))
+            native = parsed.native(first)
+            indices = members[spans[first].start]
+            if len(run) == len(indices) and all(run[i] is parsed.messages[i] for i in indices):
+                items = list(native)
+            elif len(indices) == 1:
+                items = self.edited_items(native, parsed.messages[first], run[first])
+            else:
+                shown = [(parsed.messages[i], run.get(i)) for i in indices]
+                items = self.shared_items(native, shown)
+            groups.append((max(run), items))
+            run.clear()
+
+        for index, message in entries:
+            if index is None:
+                flush()
+                groups.append((None, self.summary_items(message)))
+                continue
+            if run and spans[next(iter(run))].start != spans[index].start:
+                flush()
+            run[index] = message
+        flush()
+        return groups
+
+    def shared_items(
+        self, items: Sequence[Any], shown: Sequence[tuple[Message, Message | None]]
+    ) -> list[Any]:
+        """The native items that several canonical messages stand for, given each of them
+        (in order) and how the view shows it (None: evicted or dropped). Only dialects whose
+        spans share native items have them."""
+        raise NotImplementedError(f"{self.name} maps each native item to one message")

@@ -1,0 +1,282 @@
+"""Anthropic Messages (`POST /v1/messages`): Claude Code and every Anthropic SDK client.
+
+The conversation is `messages`; `system` and `tools` are never changed (they count as fixed
+tokens). Content blocks map to canonical messages and back in `blocks`; the proxy's own
+prompt-cache breakpoints are placed by `breakpoints`. The API rejects unknown body fields, so
+nothing is ever added to a body but the messages of the view (and breakpoints in them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from policies import Message
+
+from ..errors import APIError, InvalidRequest, SummaryFailed
+from ..tenants import bearer
+from ..tokens import TokenCounter
+from .base import Dialect, Entries, Parsed, Usage
+from .blocks import (
+    REDACTED_THINKING_TOKENS,
+    SIGNATURE_TOKENS,
+    BadBlock,
+    canonical,
+    kept_thinking,
+    rebuilt,
+)
+from .breakpoints import with_breakpoints
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+OVERFLOW = ("prompt is too long", "input length and `max_tokens` exceed context limit")
+SESSION_HEADER = "x-claude-code-session-id"
+# Claude Code's older `metadata.user_id`: user_<hash>_account_<uuid or nothing>_session_<uuid>;
+# newer versions send a JSON object as that string, with a `session_id`.
+_USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
+LONG_CONTEXT_BETA = "context-1m-"
+LONG_CONTEXT_WINDOW = 1_000_000
+TOOL_USE_SYSTEM_TOKENS = 346  # the tool-use system prompt Anthropic adds (its pricing docs)
+OAUTH_PREFIX = "sk-ant-oat"  # a subscription's token (Claude Code signed in with an account)
+
+
+class Messages(Dialect):
+    name = "messages"
+    path = "/v1/messages"
+    upstream_path = "/messages"  # below a base URL such as https://api.anthropic.com/v1
+    call_headers = {"anthropic-version": "2023-06-01"}
+
+    def parse(self, raw: bytes) -> Parsed:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"Invalid JSON body: {exc.msg} at position {exc.pos}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("Invalid request body: expected a JSON object.")
+        model, messages, max_tokens = (
+            body.get("model"),
+            body.get("messages"),
+            body.get("max_tokens"),
+        )
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("model: Field required")
+        if not isinstance(messages, list):
+            raise InvalidRequest("messages: Input should be a valid list")
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+        ):
+            raise InvalidRequest("max_tokens: Input should be a valid integer")
+        canonicals: list[Message] = []
+        spans: list[slice] = []
+        for index, message in enumerate(messages):
+            try:
+                found = canonical(message, index)
+            except BadBlock as bad:
+                raise InvalidRequest(f"{bad.path}: Input should be {bad.expected}") from None
+            canonicals += found
+            spans += [slice(index, index + 1)] * len(found)
+        return Parsed(
+            raw=raw,
+            body=body,
+            model=model,
+            messages=canonicals,
+            items=messages,
+            spans=spans,
+            stream=body.get("stream") is True,
+            max_output=max_tokens,
+        )
+
+    def error_body(self, error: APIError) -> bytes:
+        status = error.status_code
+        kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
+
+    def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
+        named = headers.get(SESSION_HEADER)
+        if named:
+            return named
+        metadata = parsed.body.get("metadata")
+        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+        return user_id_session(user_id) if isinstance(user_id, str) else None
+
+    def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:
+        body = parsed.body
+        tokens = 0
+        if body.get("system"):
+            tokens += counter.message({"role": "system", "content": body["system"]})
+        if body.get("tools"):
+            tokens += TOOL_USE_SYSTEM_TOKENS + counter.json(body["tools"])
+        for block in kept_thinking(parsed.items):
+            if block["type"] == "thinking":
+                thinking = block.get("thinking")
+                tokens += SIGNATURE_TOKENS + counter.text(
+                    thinking if isinstance(thinking, str) else ""
+                )
+            else:
+                tokens += REDACTED_THINKING_TOKENS
+        return tokens
+
+    def summary_items(self, header: Message) -> list[Any]:
+        # Its own user message, first in `messages`: the API merges it with a user turn
+        # that follows, so no kept message is edited to make room for it.
+        return [{"role": "user", "content": [{"type": "text", "text": header["content"]}]}]
+
+    def edited_items(self, items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
+        return self.shared_items(items, [(original, edited)])
+
+    def shared_items(
+        self, items: Sequence[Any], shown: Sequence[tuple[Message, Message | None]]
+    ) -> list[Any]:
+        message = rebuilt(items[0], shown)
+        return [] if message is None else [message]
+
+    def render(self, parsed: Parsed, entries: Entries, stable: int | None = None) -> bytes:
+        groups = self.groups(parsed, entries)
+        header = next((i for i, (index, _) in enumerate(groups) if index is None), None)
+        if header is None:
+            items = [item for _, group in groups for item in group]
+        else:
+            items = _after_header(groups, header)
+        if stable is None:
+            return self.body_with(parsed, items)
+        # The proxy's breakpoints, in order of priority: the summary, then the end of the
+        # part of the view that stays byte-identical until the next compaction.
+        wanted = [] if header is None else [groups[header][1][0]]
+        ends = [group for index, group in groups if index is not None and index < stable and group]
+        if ends:
+            wanted.append(ends[-1][-1])
+        at = {id(item): position for position, item in enumerate(items)}
+        marks = [at[id(item)] for item in wanted]
+        return self.body_with(parsed, with_breakpoints(parsed.body, items, marks))
+
+    def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
+        return orjson.dumps({**parsed.body, "messages": items})
+
+    def wants_usage(self, parsed: Parsed) -> bool:
+        return True  # the API always reports it
+
+    def usage(self, payload: bytes) -> Usage | None:
+        try:
+            body = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return None
+        return _usage(body.get("usage") if isinstance(body, dict) else None)
+
+    def stream_usage(self, tail: bytes) -> Usage | None:
+        return _event_usage(tail, b"message_delta", reverse=True)
+
+    def stream_start_usage(self, head: bytes) -> Usage | None:
+        return _event_usage(head, b"message_start", reverse=False)
+
+    def window(self, headers: Mapping[str, str]) -> int | None:
+        betas = headers.get("anthropic-beta", "")
+        if any(b.strip().startswith(LONG_CONTEXT_BETA) for b in betas.split(",")):
+            return LONG_CONTEXT_WINDOW
+        return None
+
+    def may_reuse_credentials(self, credentials: Sequence[tuple[str, str]]) -> bool:
+        return not any(
+            name in ("authorization", "x-api-key") and bearer(value).startswith(OAUTH_PREFIX)
+            for name, value in credentials
+        )
+
+    def is_overflow(self, status: int, payload: bytes) -> bool:
+        if status != 400:
+            return False
+        try:
+            error = orjson.loads(payload).get("error")
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+        message = error.get("message") if isinstance(error, dict) else None
+        return isinstance(message, str) and message.startswith(OVERFLOW)
+
+    def summary_body(
+        self, model: str, system: str, prompt: str, max_tokens: int, temperature: float
+    ) -> bytes:
+        return orjson.dumps(
+            {
+                "model": model,
+                "max_tokens": max_tokens,
+                "system": system,
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": temperature,
+            }
+        )
+
+    def summary_text(self, payload: bytes) -> str:
+        message = orjson.loads(payload)
+        if message.get("stop_reason") == "max_tokens":
+            raise SummaryFailed("overlong")
+        return "".join(
+            block["text"]
+            for block in message.get("content") or ()
+            if isinstance(block, dict) and block.get("type") == "text"
+        )
+
+
+def user_id_session(user_id: str) -> str | None:
+    """The session id inside Claude Code's `metadata.user_id`, in either of its forms."""
+    if user_id.startswith("{"):
+        try:
+            data = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        session = data.get("session_id") if isinstance(data, dict) else None
+        return session if isinstance(session, str) and session else None
+    found = _USER_ID_SESSION.search(user_id)
+    return found.group(1) if found else None
+
+
+def _after_header(groups: list[tuple[int | None, list[Any]]], header: int) -> list[Any]:
+    """The items, with the system messages of the evicted part right after the header: the
+    engine puts them before it, but the API takes a system message only after a user turn."""
+    before = [item for _, group in groups[:header] for item in group]
+    moved = [item for item in before if item.get("role") == "system"]
+    kept = [item for item in before if item.get("role") != "system"]
+    after = [item for _, group in groups[header + 1 :] for item in group]
+    return [*kept, *groups[header][1], *moved, *after]
+
+
+def _usage(usage: Any) -> Usage | None:
+    """Anthropic's `input_tokens` is what follows the last cache breakpoint: the prompt is that
+    plus what was read from and written to the cache."""
+    if not isinstance(usage, dict):
+        return None
+    counts = [
+        usage.get(k)
+        for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    ]
+    if not isinstance(counts[0], int) or isinstance(counts[0], bool):
+        return None
+    read, created = (c if isinstance(c, int) and not isinstance(c, bool) else 0 for c in counts[1:])
+    return Usage(counts[0] + read + created, read, created)
+
+
+def _event_usage(data: bytes, event: bytes, *, reverse: bool) -> Usage | None:
+    """The usage of the first (or last) `event` in some bytes of a stream."""
+    lines = data.split(b"\n")
+    for line in reversed(lines) if reverse else lines:
+        if not (line.startswith(b"data:") and event in line and b'"usage"' in line):
+            continue
+        try:
+            payload = orjson.loads(line[5:].strip())
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(payload, dict):
+            continue
+        holder = payload.get("message") if event == b"message_start" else payload
+        usage = _usage(holder.get("usage") if isinstance(holder, dict) else None)
+        if usage is not None:
+            return usage
+    return None
