@@ -143,14 +143,13 @@ class Compactor:
         result: policies.Compaction | None = None,
     ) -> Forward:
         request = turn.request
+        marks = request.policy.cache_breakpoints and request.dialect.marks_cache
+        if entries is None and marks:
+            entries = list(enumerate(request.messages))
         if entries is None:
             body = request.parsed.raw
         else:
-            plan = result.plan if result else turn.plan
-            stable = None
-            if request.policy.cache_breakpoints:
-                stable = covered_messages(request.messages, plan.covered)
-            body = request.dialect.render(request.parsed, entries, stable)
+            body = request.dialect.render(request.parsed, entries, marks)
         return Forward(
             body,
             request.key,
@@ -243,17 +242,6 @@ class Compactor:
             )
 
         await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
-
-
-def covered_messages(messages: list[policies.Message], covered: int) -> int:
-    """How many of the request's messages lie in the first `covered` chain positions (the
-    part of the history a plan was made over)."""
-    seen = 0
-    for index, message in enumerate(messages):
-        if seen == covered:
-            return index
-        seen += not policies.is_system(message)
-    return len(messages)
 
 
 def _overflow_message(turn: Turn, result: policies.Compaction) -> str:

@@ -71,6 +71,9 @@ class Dialect(ABC):
     # Request headers that the proxy's own calls in this API (summaries) carry besides the
     # credential, with the value they take when the request has none.
     call_headers: ClassVar[Mapping[str, str]] = {}
+    # Whether the API caches a prompt only up to breakpoints the request marks, so that the
+    # proxy adds its own (`render`), even to a request it does not otherwise change.
+    marks_cache: ClassVar[bool] = False
 
     @abstractmethod
     def parse(self, raw: bytes) -> Parsed:
@@ -152,12 +155,9 @@ class Dialect(ABC):
         for APIs that report it inside the stream (None: not known yet). Others never do."""
         return False
 
-    def render(self, parsed: Parsed, entries: Entries, stable: int | None = None) -> bytes:
-        """The body that forwards the view `entries` (from `policies.render_entries`).
-
-        `stable`, when the policy lets the proxy mark prompt-cache breakpoints, is how many of
-        the request's messages the session's plan covers: their view stays byte-identical
-        until the next compaction. Only APIs that cache up to explicit breakpoints use it.
+    def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
+        """The body that forwards the view `entries` (from `policies.render_entries`), with
+        the proxy's own prompt-cache breakpoints when `breakpoints` (APIs with `marks_cache`).
         """
         if parsed.spans is not None:
             groups = self.groups(parsed, entries)

@@ -7,7 +7,7 @@ One native message stands for one or more canonical messages:
 - an assistant turn: one `assistant` message, its text as content and its `tool_use` blocks
   as `tool_calls` (the arguments are the input's JSON). Thinking blocks are left out: the
   API strips them from every turn but the one whose tool results are being answered, and
-  that one's thinking is counted with the request's fixed tokens (`kept_thinking`), so a
+  that one's thinking is counted with the request's fixed tokens (`thinking_turn`), so a
   message's canonical form does not change when it stops being the last;
 - a `system` message (mid-conversation, for the models that take it): a system message.
 
@@ -105,25 +105,29 @@ def rebuilt(native: Block, shown: Sequence[tuple[Message, Message | None]]) -> B
     return {**native, "content": blocks}
 
 
-def kept_thinking(messages: Sequence[Any]) -> list[Block]:
-    """The thinking blocks the API keeps in context: those of the last assistant turn, when
-    nothing but tool results follows it (the tool loop it is in)."""
+def thinking_turn(messages: Sequence[Any]) -> tuple[int, list[Block]]:
+    """Where the assistant turn whose thinking the API keeps in context starts, and those
+    thinking blocks: the last assistant turn, when nothing but tool results follows it (the
+    tool loop it is in). The next request strips them, so the prompt up to that turn is what
+    the next request repeats. (len(messages), []) when no thinking is kept."""
     kept: list[Block] = []
+    start = len(messages)
     after_tools = True
-    for message in reversed(messages):
+    for index in reversed(range(len(messages))):
+        message = messages[index]
         role = message.get("role")
         content = message.get("content")
         blocks = content if isinstance(content, list) else ([content] if content else [])
         if role == "assistant":
             kept = [b for b in blocks if isinstance(b, dict) and b.get("type") in THINKING] + kept
-            after_tools = False
+            start, after_tools = index, False
         elif role == "system":
             continue
         elif not after_tools:
             break  # the user turn before the last assistant turn
         elif any(not isinstance(b, dict) or b.get("type") != "tool_result" for b in blocks):
-            return []
-    return kept
+            return len(messages), []
+    return (start, kept) if kept else (len(messages), [])
 
 
 def _check(block: Any, where: str) -> None:

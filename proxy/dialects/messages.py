@@ -8,9 +8,10 @@ nothing is ever added to a body but the messages of the view (and breakpoints in
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -25,8 +26,8 @@ from .blocks import (
     SIGNATURE_TOKENS,
     BadBlock,
     canonical,
-    kept_thinking,
     rebuilt,
+    thinking_turn,
 )
 from .breakpoints import with_breakpoints
 
@@ -48,7 +49,10 @@ _USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
 LONG_CONTEXT_BETA = "context-1m-"
 LONG_CONTEXT_WINDOW = 1_000_000
 TOOL_USE_SYSTEM_TOKENS = 346  # the tool-use system prompt Anthropic adds (its pricing docs)
-OAUTH_PREFIX = "sk-ant-oat"  # a subscription's token (Claude Code signed in with an account)
+OAUTH_PREFIX = "sk-ant-oat"
+Group = tuple[
+    int | None, list[Any]
+]  # a subscription's token (Claude Code signed in with an account)
 
 
 class Messages(Dialect):
@@ -56,6 +60,7 @@ class Messages(Dialect):
     path = "/v1/messages"
     upstream_path = "/messages"  # below a base URL such as https://api.anthropic.com/v1
     call_headers = {"anthropic-version": "2023-06-01"}
+    marks_cache = True
 
     def parse(self, raw: bytes) -> Parsed:
         try:
@@ -117,7 +122,7 @@ class Messages(Dialect):
             tokens += counter.message({"role": "system", "content": body["system"]})
         if body.get("tools"):
             tokens += TOOL_USE_SYSTEM_TOKENS + counter.json(body["tools"])
-        for block in kept_thinking(parsed.items):
+        for block in thinking_turn(parsed.items)[1]:
             if block["type"] == "thinking":
                 thinking = block.get("thinking")
                 tokens += SIGNATURE_TOKENS + counter.text(
@@ -141,24 +146,49 @@ class Messages(Dialect):
         message = rebuilt(items[0], shown)
         return [] if message is None else [message]
 
-    def render(self, parsed: Parsed, entries: Entries, stable: int | None = None) -> bytes:
+    def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
         groups = self.groups(parsed, entries)
         header = next((i for i, (index, _) in enumerate(groups) if index is None), None)
         if header is None:
             items = [item for _, group in groups for item in group]
         else:
             items = _after_header(groups, header)
-        if stable is None:
-            return self.body_with(parsed, items)
-        # The proxy's breakpoints, in order of priority: the summary, then the end of the
-        # part of the view that stays byte-identical until the next compaction.
-        wanted = [] if header is None else [groups[header][1][0]]
-        ends = [group for index, group in groups if index is not None and index < stable and group]
-        if ends:
-            wanted.append(ends[-1][-1])
+        if breakpoints and any(m.get("role") == "assistant" for m in parsed.items):
+            # Only a conversation being continued is worth a cache write: its next request
+            # reads it back.
+            items = self._marked(parsed, entries, groups, items)
+        if len(items) == len(parsed.items) and all(map(operator.is_, items, parsed.items)):
+            return parsed.raw  # nothing changed, nothing added: the client's own bytes
+        return self.body_with(parsed, items)
+
+    def _marked(
+        self, parsed: Parsed, entries: Entries, groups: list[Group], items: list[Any]
+    ) -> list[Any]:
+        """`items` with the proxy's breakpoints, in order of priority:
+
+        1. the end of what the session's plan rewrote (its last edited message, else the
+           summary): the next compaction only changes what comes after it, so the prefix up
+           to it is read from the cache again when the next compaction forwards a new view;
+        2. the last message the next request repeats byte for byte: everything but the
+           current tool loop's assistant turn, whose thinking the next request no longer
+           carries (the client's own breakpoint on the last message misses because of it).
+        """
+        spans = cast(Sequence[slice], parsed.spans)
+        edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
+        last_edit = spans[edited[-1]].start if edited else None
+        repeated = thinking_turn(parsed.items)[0]
+        rewritten: list[Any] | None = None
+        stable: list[Any] | None = None
+        for index, group in groups:
+            if not group:
+                continue
+            if index is None or (last_edit is not None and spans[index].start <= last_edit):
+                rewritten = group
+            if index is not None and spans[index].start < repeated:
+                stable = group
         at = {id(item): position for position, item in enumerate(items)}
-        marks = [at[id(item)] for item in wanted]
-        return self.body_with(parsed, with_breakpoints(parsed.body, items, marks))
+        marks = [at[id(group[-1])] for group in (rewritten, stable) if group is not None]
+        return with_breakpoints(parsed.body, items, marks)
 
     def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
         return orjson.dumps({**parsed.body, "messages": items})
@@ -238,7 +268,7 @@ def user_id_session(user_id: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _after_header(groups: list[tuple[int | None, list[Any]]], header: int) -> list[Any]:
+def _after_header(groups: list[Group], header: int) -> list[Any]:
     """The items, with the system messages of the evicted part right after the header: the
     engine puts them before it, but the API takes a system message only after a user turn."""
     before = [item for _, group in groups[:header] for item in group]
