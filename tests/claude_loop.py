@@ -3,7 +3,7 @@
 Like Claude Code it resends the whole history every turn, with thinking enabled, a tools list,
 a system prompt marked as a cache breakpoint and a breakpoint on the last block of the last
 message (moved every turn); every answer is a tool call (the fake's `tool-call` behaviour)
-answered by a big tool result naming a file (`FILE-<n>`, an anchor).
+answered by a big tool result naming a file (`FILE-<nnn>`, an anchor).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ MODEL = "claude-loop"
 WINDOW = 16_384
 MAX_TOKENS = 2048
 THINKING = {"type": "enabled", "budget_tokens": 1024}
-ANCHOR = r"FILE-\d+"
+ANCHOR = r"FILE-\d{3}"  # fixed width: no anchor is a prefix of another
 MARK = {"type": "ephemeral"}
 TOOLS = [
     {
@@ -33,7 +33,7 @@ TOOLS = [
     }
 ]
 SYSTEM_TEXT = "You are an agent that reads files to answer questions. " + words(900, 7)
-TASK = "Read every file you need and tell me what FILE-0 does."
+TASK = "Read every file you need and tell me what FILE-000 does."
 
 
 @dataclasses.dataclass
@@ -99,7 +99,7 @@ class ClaudeLoop:
             {
                 "type": "tool_result",
                 "tool_use_id": block["id"],
-                "content": f"FILE-{number}: {words(self.result_words, number)}",
+                "content": f"FILE-{number:03d}: {words(self.result_words, number)}",
             }
             for block in content
             if block["type"] == "tool_use"

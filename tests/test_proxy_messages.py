@@ -1,0 +1,375 @@
+"""Anthropic Messages through the proxy: the official `anthropic` SDK as the client, the strict
+fake Anthropic API as the upstream, streamed and not."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import orjson
+import pytest
+import yaml
+
+from proxy.config import ConfigError, loads
+from proxy.sessions import session_key
+from tests.conftest import merged, metric
+from tests.conversations import words
+from tests.fake_anthropic import FakeAnthropic
+from tests.fake_upstream import FakeUpstream
+from tests.servers import ServerThread, proxy_server
+
+KEY = "sk-ant-api03-test"
+SMALL = "claude-small"  # 8k for the proxy and the fake
+BIG = "claude-big"  # the proxy believes 100k; the fake has 8k
+LONG = "claude-long"  # 8k, 1M with the beta header
+VERSION = "2023-06-01"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def config(up: FakeAnthropic, **sections: Any) -> Any:
+    data = {
+        "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
+        "models": [
+            {"match": SMALL, "context_window": 8192},
+            {"match": BIG, "context_window": 100_000},
+            {"match": LONG, "context_window": 8192},
+        ],
+    }
+    return loads(yaml.safe_dump(merged(data, sections)))
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[FakeAnthropic]:
+    windows = {SMALL: 8192, BIG: 8192, LONG: 8192}
+    with FakeAnthropic(windows=windows, long_context={LONG}, long_context_window=200_000) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def server(up: FakeAnthropic) -> Iterator[ServerThread]:
+    with proxy_server(config(up)) as proxy:
+        yield proxy
+
+
+@pytest.fixture(autouse=True)
+def fresh(up: FakeAnthropic) -> None:
+    up.reset()
+    up.api_key, up.behavior = None, ""
+
+
+def client_of(server: ServerThread, key: str | None = KEY, **kwargs: Any) -> anthropic.Anthropic:
+    if key is not None:
+        kwargs["api_key"] = key
+    return anthropic.Anthropic(base_url=server.url, max_retries=0, **kwargs)
+
+
+def unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as blocks without breakpoints: the same for the proxy's marks or none."""
+    out = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        blocks = [{k: v for k, v in b.items() if k != "cache_control"} for b in content]
+        out.append({**message, "content": blocks})
+    return out
+
+
+def messages_sent(up: FakeAnthropic) -> list[dict[str, Any]]:
+    """The bodies of the Messages requests that reached the fake, summaries left out."""
+    return [
+        r.json
+        for r in up.requests
+        if r.path == "/v1/messages" and r.headers.get("x-compaction-summary") != "1"
+    ]
+
+
+def history(turns: int, size: int = 300) -> list[dict[str, Any]]:
+    """A user/assistant chat of `turns` rounds of about `size` words each, and a question."""
+    out: list[dict[str, Any]] = []
+    for turn in range(turns):
+        out.append({"role": "user", "content": f"Turn {turn}: {words(size, turn)}"})
+        out.append({"role": "assistant", "content": [{"type": "text", "text": "Noted."}]})
+    return [*out, {"role": "user", "content": "What now?"}]
+
+
+def test_answers_streamed_and_not(server: ServerThread, up: FakeAnthropic) -> None:
+    client = client_of(server)
+    raw = client.messages.with_raw_response.create(model=SMALL, max_tokens=50, messages=HELLO)
+    assert raw.parse().content[0].text.startswith("Fake reply")
+    assert raw.headers["x-compaction-action"] == "none"
+    with client.messages.stream(model=SMALL, max_tokens=50, messages=HELLO) as stream:
+        assert "".join(stream.text_stream).startswith("Fake reply")
+        assert stream.response.headers["x-compaction-action"] == "none"
+    assert messages_sent(up) == [
+        {"model": SMALL, "max_tokens": 50, "messages": HELLO},
+        {"model": SMALL, "max_tokens": 50, "messages": HELLO, "stream": True},
+    ]
+    # Claude Code's path: the beta query string goes along.
+    headers = {"x-api-key": KEY, "anthropic-version": VERSION}
+    body = {"model": SMALL, "max_tokens": 50, "messages": HELLO}
+    httpx.post(server.url + "/v1/messages?beta=true", json=body, headers=headers)
+    assert up.requests[-1].query == "beta=true"
+
+
+def test_untouched_requests_are_forwarded_as_their_own_bytes(
+    server: ServerThread, up: FakeAnthropic
+) -> None:
+    body = (
+        b'{"model": "claude-small",  "max_tokens": 9,'
+        b' "messages": [{"role": "user", "content": "\\u00e9"}]}'
+    )
+    headers = {"x-api-key": KEY, "anthropic-version": VERSION, "content-type": "application/json"}
+    response = httpx.post(server.url + "/v1/messages", content=body, headers=headers)
+    assert response.status_code == 200
+    assert up.requests[-1].body == body
+
+
+def test_the_stream_is_relayed_in_anthropics_events_and_its_usage_read(
+    server: ServerThread, up: FakeAnthropic
+) -> None:
+    system = [{"type": "text", "text": words(1500, 1), "cache_control": {"type": "ephemeral"}}]
+    fields = {"model": SMALL, "max_tokens": 50, "messages": HELLO, "system": system}
+    headers = {"x-api-key": KEY, "anthropic-version": VERSION}
+    with httpx.Client() as http:
+        before = {
+            name: metric(http, server, f"compaction_proxy_{name}_total", api="messages")
+            for name in ("upstream_prompt_tokens", "cache_read_tokens", "cache_creation_tokens")
+        }
+        events = []
+        for _ in range(2):
+            response = http.post(
+                server.url + "/v1/messages", json={**fields, "stream": True}, headers=headers
+            )
+            chunks = response.content.split(b"\n\n")
+            events.append([c.split(b"\n")[0].removeprefix(b"event: ") for c in chunks if c])
+
+        def now() -> dict[str, float]:
+            return {
+                name: metric(http, server, f"compaction_proxy_{name}_total", api="messages")
+                for name in before
+            }
+
+        total = up.count({"model": SMALL, "messages": HELLO, "system": system})
+        # The usage is read once the last byte went out: wait for the second reading.
+        deadline = time.monotonic() + 5
+        after = now()
+        while after["upstream_prompt_tokens"] - before["upstream_prompt_tokens"] < 2 * total:
+            assert time.monotonic() < deadline, "the stream's usage was not read"
+            time.sleep(0.01)
+            after = now()
+    assert events[0][0] == b"message_start" and events[0][-1] == b"message_stop"
+    assert b"content_block_delta" in events[0]
+    assert after["upstream_prompt_tokens"] - before["upstream_prompt_tokens"] == 2 * total
+    written = after["cache_creation_tokens"] - before["cache_creation_tokens"]
+    read = after["cache_read_tokens"] - before["cache_read_tokens"]
+    assert written == read > 1024  # the first wrote the system prompt, the second read it
+
+
+def test_errors_are_in_anthropics_shape(server: ServerThread, up: FakeAnthropic) -> None:
+    headers = {"x-api-key": KEY, "anthropic-version": VERSION}
+    response = httpx.post(server.url + "/v1/messages", content=b"{not json", headers=headers)
+    assert response.status_code == 400
+    assert response.json()["type"] == "error"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client_of(server).messages.create(model=SMALL, max_tokens=9, messages="hi")  # type: ignore[arg-type]
+    assert bad.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "messages: Input should be a valid list",
+        },
+    }
+    # The upstream's own errors reach the client as they are.
+    up.behavior = "status:529"
+    with pytest.raises(anthropic.APIStatusError) as overloaded:
+        client_of(server).messages.create(model=SMALL, max_tokens=9, messages=HELLO)
+    assert overloaded.value.status_code == 529
+    assert overloaded.value.body["error"]["type"] == "overloaded_error"
+
+
+def test_the_proxys_own_failures_are_in_anthropics_shape(up: FakeAnthropic) -> None:
+    unreachable = config(up, upstreams={"claude": {"base_url": "http://127.0.0.1:9/v1"}})
+    with (
+        proxy_server(unreachable) as proxy,
+        pytest.raises(anthropic.InternalServerError) as failed,
+    ):
+        client_of(proxy).messages.create(model=SMALL, max_tokens=9, messages=HELLO)
+    assert failed.value.status_code == 502
+    assert failed.value.body["type"] == "error"
+    assert failed.value.body["error"]["type"] == "api_error"
+    keyed = config(
+        up,
+        auth={"keys": [{"id": "team", "sha256": hashlib.sha256(b"proxy-key").hexdigest()}]},
+    )
+    with proxy_server(keyed) as proxy:
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            client_of(proxy, default_headers={"Authorization": "Bearer wrong"}).messages.create(
+                model=SMALL, max_tokens=9, messages=HELLO
+            )
+        assert refused.value.body["error"]["type"] == "authentication_error"
+        # The proxy key in Authorization, the client's own Anthropic key in x-api-key.
+        proxied = client_of(proxy, key="proxy-key", default_headers={"x-api-key": KEY})
+        ok = proxied.messages.create(model=SMALL, max_tokens=9, messages=HELLO)
+    assert ok.content and up.requests[-1].headers["x-api-key"] == KEY
+    assert "authorization" not in up.requests[-1].headers
+
+
+def test_x_api_key_callers_are_tenants_of_their_own(server: ServerThread) -> None:
+    def session_of(key: str, extra: dict[str, str] | None = None) -> str:
+        raw = client_of(server, key).messages.with_raw_response.create(
+            model=SMALL,
+            max_tokens=9,
+            messages=HELLO,
+            extra_headers={"X-Claude-Code-Session-Id": "same-session", **(extra or {})},
+        )
+        return raw.headers["x-compaction-session"]
+
+    assert session_of("sk-ant-one") == session_of("sk-ant-one")
+    assert session_of("sk-ant-one") != session_of("sk-ant-two")
+    tenant = "cred-" + hashlib.sha256(b"sk-ant-one").hexdigest()[:24]
+    assert session_of("sk-ant-one") == session_key(tenant, "same-session")
+
+
+def test_claude_codes_session_names(server: ServerThread) -> None:
+    client = client_of(server)
+    tenant = "cred-" + hashlib.sha256(KEY.encode()).hexdigest()[:24]
+    legacy = "user_" + "0a" * 32 + "_account__session_5e1f0c2a-0000-4000-8000-00000000000a"
+    for user_id, session in (
+        (legacy, "5e1f0c2a-0000-4000-8000-00000000000a"),
+        ('{"device_id": "d", "session_id": "s-42"}', "s-42"),
+    ):
+        raw = client.messages.with_raw_response.create(
+            model=SMALL, max_tokens=9, messages=HELLO, metadata={"user_id": user_id}
+        )
+        assert raw.headers["x-compaction-session"] == session_key(tenant, session)
+    raw = client.messages.with_raw_response.create(
+        model=SMALL,
+        max_tokens=9,
+        messages=HELLO,
+        metadata={"user_id": legacy},
+        extra_headers={"X-Claude-Code-Session-Id": "from-header"},
+    )
+    assert raw.headers["x-compaction-session"] == session_key(tenant, "from-header")
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "turns", "size", "text"),
+    [
+        (100, 12, 500, "prompt is too long: "),
+        (3000, 10, 400, "input length and `max_tokens` exceed context limit: "),
+    ],
+)
+def test_both_overflow_texts_are_retried_compacted(
+    server: ServerThread, up: FakeAnthropic, max_tokens: int, turns: int, size: int, text: str
+) -> None:
+    messages = history(turns, size)
+    body = {"model": BIG, "max_tokens": max_tokens, "messages": messages}
+    direct = httpx.post(
+        up.base_url + "/v1/messages", json=body, headers={"anthropic-version": VERSION}
+    )
+    assert direct.status_code == 400 and direct.json()["error"]["message"].startswith(text)
+    up.reset()
+    raw = client_of(server).messages.with_raw_response.create(**body)
+    assert raw.parse().content[0].text.startswith("Fake reply")
+    assert raw.headers["x-compaction-action"] in ("compacted", "degraded")
+    first, retried = messages_sent(up)  # the proxy's window for the model is 100k: no compaction
+    assert unmarked(first["messages"]) == unmarked(messages)
+    assert up.count({**retried, "max_tokens": None}) + max_tokens <= 8192
+
+
+def test_summaries_go_to_the_same_upstream_with_the_requests_key_and_version(
+    up: FakeAnthropic,
+) -> None:
+    policy = {"default": {"layers": ["summarize", "trim_head"]}}
+    with proxy_server(config(up, policies=policy)) as proxy:
+        raw = client_of(proxy).messages.with_raw_response.create(
+            model=SMALL, max_tokens=1000, messages=history(16, 400)
+        )
+        assert raw.headers["x-compaction-action"] == "compacted"
+        summaries = [r for r in up.requests if r.headers.get("x-compaction-summary") == "1"]
+        assert summaries
+        sent = raw.http_request.headers  # the SDK sends its key as a bearer token
+        for summary in summaries:
+            assert summary.path == "/v1/messages"
+            assert summary.headers["authorization"] == sent["authorization"] == f"Bearer {KEY}"
+            assert summary.headers["anthropic-version"] == sent["anthropic-version"]
+            assert "stream" not in summary.json and summary.json["max_tokens"] > 0
+        sent = messages_sent(up)[-1]
+        assert sent["messages"][0]["content"][0]["text"].startswith("[Summary of the earlier")
+        assert sent["messages"][0]["role"] == "user"
+
+        # A subscription's token is only for the client's own requests: the digest stands in.
+        up.reset()
+        oauth = client_of(proxy, key=None, auth_token="sk-ant-oat01-subscription")
+        raw = oauth.messages.with_raw_response.create(
+            model=SMALL, max_tokens=1000, messages=history(16, 400)
+        )
+        assert raw.headers["x-compaction-action"] == "degraded"
+        assert up.summary_calls == 0
+        assert up.requests[-1].headers["authorization"] == "Bearer sk-ant-oat01-subscription"
+
+
+def test_the_upstreams_key_replaces_the_clients(up: FakeAnthropic) -> None:
+    up.api_key = "sk-ant-upstream"
+    keyed = config(up, upstreams={"claude": {"api_key": "sk-ant-upstream"}})
+    with proxy_server(keyed) as proxy:
+        client_of(proxy, key=None, auth_token="client-token").messages.create(
+            model=SMALL, max_tokens=9, messages=HELLO
+        )
+    headers = up.requests[-1].headers
+    assert headers["x-api-key"] == "sk-ant-upstream" and "authorization" not in headers
+
+
+def test_count_tokens_goes_to_the_anthropic_upstream(
+    up: FakeAnthropic, upstream: FakeUpstream
+) -> None:
+    both = config(
+        up,
+        upstreams={"openai": {"base_url": upstream.base_url}},
+        default_upstream={"chat": "openai", "messages": "claude"},
+    )
+    with proxy_server(both) as proxy:
+        counted = client_of(proxy).messages.count_tokens(model=SMALL, messages=HELLO)
+        assert counted.input_tokens == up.count({"model": SMALL, "messages": HELLO})
+        assert [m.id for m in client_of(proxy).models.list()] == [SMALL, BIG, LONG]
+        assert httpx.get(proxy.url + "/v1/models").json()["object"] == "list"  # OpenAI's
+
+
+def test_the_long_context_beta_opens_the_window(server: ServerThread, up: FakeAnthropic) -> None:
+    messages = history(16, 400)
+    beta = {"anthropic-beta": "context-1m-2025-08-07"}
+    raw = client_of(server).messages.with_raw_response.create(
+        model=LONG, max_tokens=100, messages=messages, extra_headers=beta
+    )
+    assert raw.headers["x-compaction-action"] == "none"
+    assert unmarked(messages_sent(up)[-1]["messages"]) == unmarked(messages)
+    raw = client_of(server).messages.with_raw_response.create(
+        model=LONG, max_tokens=100, messages=messages
+    )
+    assert raw.headers["x-compaction-action"] in ("compacted", "degraded")
+
+
+def test_a_summary_role_other_than_user_is_refused_on_anthropic_routes(up: FakeAnthropic) -> None:
+    with pytest.raises(ConfigError, match=r"policies\.default\.summary_role.*must be user"):
+        config(up, policies={"default": {"summary_role": "system"}})
+    with pytest.raises(ConfigError, match=r"policies\.agents\.summary_role.*routes\[0\]"):
+        config(
+            up,
+            policies={"agents": {"summary_role": "assistant"}},
+            routes=[{"policy": "agents", "dialects": ["messages"]}],
+        )
+    openai_only = config(
+        up,
+        upstreams={"openai": {"base_url": "http://127.0.0.1:1/v1"}},
+        default_upstream={"chat": "openai", "messages": "claude"},
+        policies={"default": {}, "chatty": {"summary_role": "system"}},
+        routes=[{"policy": "chatty", "dialects": ["chat"]}],
+    )
+    assert openai_only.policies["chatty"].compaction.summary_role == "system"
+    assert orjson.dumps(openai_only.masked())
