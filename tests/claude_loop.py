@@ -56,6 +56,8 @@ class ClaudeLoop:
     session: str
     result_words: int = 900  # a tool result of about 1300 tokens
     stream_every: int = 2  # every second request is streamed
+    thinking: bool = True
+    marks: bool = True  # Claude Code's breakpoints: the system prompt and the last block
     history: list[dict[str, Any]] = dataclasses.field(
         default_factory=lambda: [{"role": "user", "content": [{"type": "text", "text": TASK}]}]
     )
@@ -69,19 +71,27 @@ class ClaudeLoop:
     def request(self) -> dict[str, Any]:
         """The next request's fields, with Claude Code's breakpoints: system and last block."""
         last = dict(self.history[-1])
-        last["content"] = [*last["content"][:-1], {**last["content"][-1], "cache_control": MARK}]
-        return {
+        system: dict[str, Any] = {"type": "text", "text": SYSTEM_TEXT}
+        if self.marks:
+            last["content"] = [
+                *last["content"][:-1],
+                {**last["content"][-1], "cache_control": MARK},
+            ]
+            system["cache_control"] = MARK
+        fields = {
             "model": MODEL,
             "max_tokens": MAX_TOKENS,
-            "thinking": THINKING,
             "tools": TOOLS,
-            "system": [{"type": "text", "text": SYSTEM_TEXT, "cache_control": MARK}],
+            "system": [system],
             "messages": [*self.history[:-1], last],
             "extra_headers": {
                 "x-fake-behavior": "tool-call",
                 "X-Claude-Code-Session-Id": self.session,
             },
         }
+        if self.thinking:
+            fields["thinking"] = THINKING
+        return fields
 
     def step(self) -> Turn:
         fields = self.request()

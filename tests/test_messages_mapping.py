@@ -329,32 +329,41 @@ def marks(messages: list[dict[str, Any]]) -> list[tuple[int, str]]:
     ]
 
 
+def added(body: dict[str, Any], messages: list[dict[str, Any]], at: list[int]) -> Any:
+    """`with_breakpoints` on a request of `body` and `messages`."""
+    return with_breakpoints(body, orjson.dumps({**body, "messages": messages}), messages, at)
+
+
 def test_the_proxys_breakpoints_only_take_free_slots() -> None:
     messages = conversation(6)
     body = {
         "system": [text("s", cache_control=MARK)],
         "tools": [{**TOOLS[0], "cache_control": MARK}],
     }
-    assert marks(with_breakpoints(body, messages, [1, 3])) == [(1, "5m"), (3, "5m")]
+    assert marks(added(body, messages, [1, 3])) == [(1, "5m"), (3, "5m")]
     messages[5] = {"role": "user", "content": [text("m5", cache_control=MARK)]}
-    assert marks(with_breakpoints(body, messages, [1, 3])) == [(1, "5m"), (5, "5m")]
-    assert with_breakpoints(body | {"cache_control": MARK}, messages, [1, 3]) == messages
+    assert marks(added(body, messages, [1, 3])) == [(1, "5m"), (5, "5m")]
+    assert added({**body, "cache_control": MARK}, messages, [1, 3]) == messages
     # A message that has one already gets no other.
-    assert marks(with_breakpoints({}, messages, [5, 1])) == [(1, "5m"), (5, "5m")]
+    assert marks(added({}, messages, [5, 1])) == [(1, "5m"), (5, "5m")]
+    # Nor does the last one when the request asks for automatic caching.
+    assert marks(added({"cache_control": MARK}, conversation(3), [2, 0])) == [(0, "5m")]
 
 
 def test_a_proxy_breakpoint_before_a_one_hour_one_lasts_an_hour() -> None:
     messages = conversation(4)
     messages[3] = {"role": "user", "content": [text("m3", cache_control=HOUR)]}
-    assert marks(with_breakpoints({}, messages, [0])) == [(0, "1h"), (3, "1h")]
-    assert marks(with_breakpoints({"cache_control": HOUR}, conversation(4), [0])) == [(0, "1h")]
+    assert marks(added({}, messages, [0])) == [(0, "1h"), (3, "1h")]
+    assert marks(added({"cache_control": HOUR}, conversation(4), [0])) == [(0, "1h")]
+    messages[3] = {"role": "user", "content": [text("1h", cache_control=MARK)]}
+    assert marks(added({}, messages, [0])) == [(0, "5m"), (3, "5m")]
 
 
 def test_thinking_blocks_take_no_breakpoint() -> None:
     messages = [{"role": "assistant", "content": [thought("t"), use("a"), thought("u")]}]
-    assert with_breakpoints({}, messages, [0])[0]["content"][1]["cache_control"] == MARK
+    assert added({}, messages, [0])[0]["content"][1]["cache_control"] == MARK
     only = [{"role": "assistant", "content": [thought("t")]}]
-    assert with_breakpoints({}, only, [0]) == only
+    assert added({}, only, [0]) == only
 
 
 # --- properties over random histories -------------------------------------------------------

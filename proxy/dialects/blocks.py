@@ -51,32 +51,37 @@ class BadBlock(Exception):
 
 def canonical(message: Any, index: int) -> list[Message]:
     """The canonical messages native message `index` stands for (BadBlock when its shape is
-    not the API's)."""
-    where = f"messages.{index}"
-    if not isinstance(message, dict):
-        raise BadBlock(where, "a valid dictionary")
+    not the API's). One pass over the blocks: this runs for every message of every request."""
+    if message.__class__ is not dict:
+        raise BadBlock(f"messages.{index}", "a valid dictionary")
     role = message.get("role")
     if role not in ("user", "assistant", "system"):
-        raise BadBlock(f"{where}.role", "'user', 'assistant' or 'system'")
+        raise BadBlock(f"messages.{index}.role", "'user', 'assistant' or 'system'")
     content = message.get("content")
-    if isinstance(content, str):
+    if content.__class__ is str:
         return [message]  # already a canonical message
-    if not isinstance(content, list):
-        raise BadBlock(f"{where}.content", "a valid list")
+    if content.__class__ is not list:
+        raise BadBlock(f"messages.{index}.content", "a valid list")
+    parts: list[dict[str, Any]] = []
+    out: list[Message] = []
+    calls = []
     for position, block in enumerate(content):
-        _check(block, f"{where}.content.{position}")
+        kind = block.get("type") if block.__class__ is dict else None
+        if kind == "tool_result" and role == "user":
+            out.append(_tool(block, (index, position)))
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(_call(block, (index, position)))
+        elif kind in THINKING:
+            continue  # counted with the fixed tokens while kept (see the module's docstring)
+        else:
+            parts.append(_part(block, (index, position)))
     if role == "assistant":
-        return [_assistant(content)]
-    if role == "system":
-        return [{"role": "system", "content": [_part(b) for b in content]}]
-    results = [b for b in content if b["type"] == "tool_result"]
-    out: list[Message] = [
-        {"role": "tool", "tool_call_id": b["tool_use_id"], "content": _result(b.get("content"))}
-        for b in results
-    ]
-    if len(results) < len(content) or not content:
-        parts = [_part(b) for b in content if b["type"] != "tool_result"]
-        out.append({"role": "user", "content": parts})
+        assistant: Message = {"role": "assistant", "content": parts or None}
+        if calls:
+            assistant["tool_calls"] = calls
+        return [assistant]
+    if parts or not out:
+        out.append({"role": role, "content": parts})
     return out
 
 
@@ -130,50 +135,51 @@ def thinking_turn(messages: Sequence[Any]) -> tuple[int, list[Block]]:
     return (start, kept) if kept else (len(messages), [])
 
 
-def _check(block: Any, where: str) -> None:
-    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise BadBlock(where, "a valid dictionary with a string 'type'")
-    kind = block["type"]
-    if kind == "tool_use":
-        for name in ("id", "name"):
-            if not isinstance(block.get(name), str):
-                raise BadBlock(f"{where}.tool_use.{name}", "a valid string")
-        if not isinstance(block.get("input"), dict):
-            raise BadBlock(f"{where}.tool_use.input", "a valid dictionary")
-    elif kind == "tool_result":
-        if not isinstance(block.get("tool_use_id"), str):
-            raise BadBlock(f"{where}.tool_result.tool_use_id", "a valid string")
-        inner = block.get("content")
-        if not (inner is None or isinstance(inner, str | list)):
-            raise BadBlock(f"{where}.tool_result.content", "a valid list")
-        for position, item in enumerate(inner if isinstance(inner, list) else ()):
-            _check(item, f"{where}.tool_result.content.{position}")
-    elif kind == "text" and not isinstance(block.get("text"), str):
-        raise BadBlock(f"{where}.text.text", "a valid string")
+Where = tuple[int, ...]  # a block's place: message, block, and block inside a tool result
 
 
-def _assistant(content: list[Block]) -> Message:
-    parts = []
-    calls = []
-    for block in content:
-        kind = block["type"]
-        if kind == "tool_use":
-            arguments = orjson.dumps(block["input"]).decode()
-            function = {"name": block["name"], "arguments": arguments}
-            calls.append({"id": block["id"], "type": "function", "function": function})
-        elif kind not in THINKING:
-            parts.append(_part(block))
-    message: Message = {"role": "assistant", "content": parts or None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+def _path(where: Where, *rest: str) -> str:
+    """The API's name of a place, made only for an error message."""
+    path = f"messages.{where[0]}.content.{where[1]}"
+    if len(where) > 2:
+        path += f".tool_result.content.{where[2]}"
+    return ".".join((path, *rest))
 
 
-def _part(block: Block) -> dict[str, Any]:
+def _tool(block: Block, where: Where) -> Message:
+    use_id = block.get("tool_use_id")
+    if use_id.__class__ is not str:
+        raise BadBlock(_path(where, "tool_result.tool_use_id"), "a valid string")
+    inner = block.get("content")
+    if inner.__class__ is list:
+        inner = [_part(b, (*where, n)) for n, b in enumerate(inner)]
+    elif inner is None:
+        inner = ""
+    elif inner.__class__ is not str:
+        raise BadBlock(_path(where, "tool_result.content"), "a valid list")
+    return {"role": "tool", "tool_call_id": use_id, "content": inner}
+
+
+def _call(block: Block, where: Where) -> dict[str, Any]:
+    for name in ("id", "name"):
+        if block.get(name).__class__ is not str:
+            raise BadBlock(_path(where, "tool_use", name), "a valid string")
+    if block.get("input").__class__ is not dict:
+        raise BadBlock(_path(where, "tool_use.input"), "a valid dictionary")
+    function = {"name": block["name"], "arguments": orjson.dumps(block["input"]).decode()}
+    return {"id": block["id"], "type": "function", "function": function}
+
+
+def _part(block: Any, where: Where) -> dict[str, Any]:
     """The canonical content part of a block: text, or opaque with its estimated tokens."""
-    kind = block["type"]
+    kind = block.get("type") if block.__class__ is dict else None
     if kind == "text":
-        return {"type": "text", "text": block["text"]}
+        text = block.get("text")
+        if text.__class__ is not str:
+            raise BadBlock(_path(where, "text.text"), "a valid string")
+        return {"type": "text", "text": text}
+    if kind.__class__ is not str:
+        raise BadBlock(_path(where), "a valid dictionary with a string 'type'")
     if kind == "image":
         return {"type": "opaque", "tokens": IMAGE_TOKENS}
     source = block.get("source")
@@ -184,12 +190,6 @@ def _part(block: Block) -> dict[str, Any]:
     # must not change with it.
     unmarked = {k: v for k, v in block.items() if k != "cache_control"}
     return {"type": "opaque", "tokens": max(1, len(orjson.dumps(unmarked)) // CHARS_PER_TOKEN)}
-
-
-def _result(content: Any) -> Any:
-    if isinstance(content, list):
-        return [_part(b) for b in content]
-    return content if isinstance(content, str) else ""
 
 
 def _members(native: Block) -> list[list[Block]]:
@@ -222,7 +222,8 @@ def _edited(blocks: list[Block], original: Message, edit: Message) -> list[Block
     call id, content blocks part by part; thinking blocks untouched."""
     calls = {call.get("id"): call for call in tool_calls(edit)}
     before = {call.get("id"): call for call in tool_calls(original)}
-    holders = [b for b in blocks if b["type"] != "tool_use" and b["type"] not in THINKING]
+    assistant = original.get("role") == "assistant"
+    holders = [b for b in blocks if not _kept_aside(b, assistant)]
     new = _parts_back(holders, original.get("content"), edit.get("content"))
     if new is None:  # the content was replaced whole: its text takes the first part's place
         text = content_text(edit.get("content"))
@@ -234,7 +235,7 @@ def _edited(blocks: list[Block], original: Message, edit: Message) -> list[Block
     replacing = dict(zip(map(id, holders), new, strict=True))
     out: list[Block] = []
     for block in blocks:
-        if block["type"] == "tool_use":
+        if block["type"] == "tool_use" and assistant:
             call = calls.get(block["id"])
             if call is None:
                 continue
@@ -247,6 +248,11 @@ def _edited(blocks: list[Block], original: Message, edit: Message) -> list[Block
         else:
             out += replacing[id(block)]
     return out
+
+
+def _kept_aside(block: Block, assistant: bool) -> bool:
+    """Whether a block made no content part: thinking, and an assistant's tool calls."""
+    return block["type"] in THINKING or (assistant and block["type"] == "tool_use")
 
 
 def _parts_back(blocks: list[Block], original: Any, edit: Any) -> list[list[Block]] | None:

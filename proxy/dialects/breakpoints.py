@@ -19,34 +19,36 @@ ONE_HOUR = "1h"
 
 
 def with_breakpoints(
-    body: Mapping[str, Any], messages: list[Block], marks: Sequence[int]
+    body: Mapping[str, Any], raw: bytes, messages: list[Block], marks: Sequence[int]
 ) -> list[Block]:
     """`messages` with a breakpoint added on each message at `marks` (in order of priority)
-    that has none yet, while the request has free slots. Each added breakpoint lasts as long
-    as the longest one after it, so that the order of TTLs stays valid."""
-    found = _count(body.get("tools")) + _count(body.get("system"))
+    that has none yet, while the request `raw` has free slots. Each added breakpoint lasts as
+    long as the longest one after it, so that the order of TTLs stays valid."""
+    # The client's breakpoints, counted in its own bytes: a key of that name inside a tool's
+    # input counts too, which only ever leaves a slot unused.
+    free = MAX_BREAKPOINTS - raw.count(b'"cache_control"')
     automatic = body.get("cache_control")
-    found += automatic is not None
-    per_message = [_ttls(message.get("content")) for message in messages]
-    free = MAX_BREAKPOINTS - found - sum(map(len, per_message))
     out = list(messages)
     for index in marks:
         if free <= 0:
             break
-        if per_message[index] or (automatic is not None and index == len(messages) - 1):
+        if _ttls(out[index].get("content")) or (automatic and index == len(out) - 1):
             continue
-        later = [ttl for ttls in per_message[index + 1 :] for ttl in ttls]
-        if isinstance(automatic, dict):
-            later.append(automatic.get("ttl", "5m"))
         mark: dict[str, Any] = {"type": "ephemeral"}
-        if ONE_HOUR in later:
+        if b'"1h"' in raw and _hour_after(automatic, out[index + 1 :]):
             mark["ttl"] = ONE_HOUR
         marked = _marked(out[index], mark)
         if marked is not None:
             out[index] = marked
-            per_message[index] = [mark.get("ttl", "5m")]
             free -= 1
     return out
+
+
+def _hour_after(automatic: Any, messages: list[Block]) -> bool:
+    """Whether a one-hour breakpoint follows (in the messages, or the automatic one)."""
+    if isinstance(automatic, dict) and automatic.get("ttl") == ONE_HOUR:
+        return True
+    return any(ONE_HOUR in _ttls(message.get("content")) for message in messages)
 
 
 def _marked(message: Block, mark: dict[str, Any]) -> Block | None:
@@ -66,10 +68,6 @@ def _marked(message: Block, mark: dict[str, Any]) -> Block | None:
             blocks[position] = {**block, "cache_control": mark}
             return {**message, "content": blocks}
     return None
-
-
-def _count(value: Any) -> int:
-    return len(_ttls(value))
 
 
 def _ttls(content: Any) -> list[str]:

@@ -188,7 +188,7 @@ class Messages(Dialect):
                 stable = group
         at = {id(item): position for position, item in enumerate(items)}
         marks = [at[id(group[-1])] for group in (rewritten, stable) if group is not None]
-        return with_breakpoints(parsed.body, items, marks)
+        return with_breakpoints(parsed.body, parsed.raw, items, marks)
 
     def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
         return orjson.dumps({**parsed.body, "messages": items})
