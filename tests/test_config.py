@@ -85,6 +85,7 @@ policies:
       retries: 1
       cooldown_seconds: 4
       temperature: 0.0
+    cache_breakpoints: false
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -141,6 +142,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (compaction.prepare_at, compaction.compact_at, compaction.target) == (0.5, 0.8, 0.4)
     assert (compaction.reserved_output_tokens, compaction.safety_margin_tokens) == (2048, 128)
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
+    assert not policy.cache_breakpoints and config.policies["cheap"].cache_breakpoints
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
     assert [name for name, _ in compaction.layers] == [

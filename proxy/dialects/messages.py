@@ -147,22 +147,36 @@ class Messages(Dialect):
         return [] if message is None else [message]
 
     def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
-        groups = self.groups(parsed, entries)
-        header = next((i for i, (index, _) in enumerate(groups) if index is None), None)
-        if header is None:
-            items = [item for _, group in groups for item in group]
+        # Each item with the native message it comes from (None: the header).
+        sources: Sequence[int | None]
+        if len(entries) == len(parsed.messages) and all(
+            message is original
+            for (_, message), original in zip(entries, parsed.messages, strict=True)
+        ):
+            items, sources = list(parsed.items), range(len(parsed.items))  # the whole request
         else:
-            items = _after_header(groups, header)
+            spans = cast(Sequence[slice], parsed.spans)
+            pairs = [
+                (item, None if index is None else spans[index].start)
+                for index, group in self.groups(parsed, entries)
+                for item in group
+            ]
+            pairs = _systems_after_header(pairs)
+            items, sources = [item for item, _ in pairs], [source for _, source in pairs]
         if breakpoints and any(m.get("role") == "assistant" for m in parsed.items):
             # Only a conversation being continued is worth a cache write: its next request
             # reads it back.
-            items = self._marked(parsed, entries, groups, items)
+            items = self._marked(parsed, entries, items, sources)
         if len(items) == len(parsed.items) and all(map(operator.is_, items, parsed.items)):
             return parsed.raw  # nothing changed, nothing added: the client's own bytes
         return self.body_with(parsed, items)
 
     def _marked(
-        self, parsed: Parsed, entries: Entries, groups: list[Group], items: list[Any]
+        self,
+        parsed: Parsed,
+        entries: Entries,
+        items: list[Any],
+        sources: Sequence[int | None],
     ) -> list[Any]:
         """`items` with the proxy's breakpoints, in order of priority:
 
@@ -175,19 +189,15 @@ class Messages(Dialect):
         """
         spans = cast(Sequence[slice], parsed.spans)
         edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
-        last_edit = spans[edited[-1]].start if edited else None
+        last_edit = spans[edited[-1]].start if edited else -1
         repeated = thinking_turn(parsed.items)[0]
-        rewritten: list[Any] | None = None
-        stable: list[Any] | None = None
-        for index, group in groups:
-            if not group:
-                continue
-            if index is None or (last_edit is not None and spans[index].start <= last_edit):
-                rewritten = group
-            if index is not None and spans[index].start < repeated:
-                stable = group
-        at = {id(item): position for position, item in enumerate(items)}
-        marks = [at[id(group[-1])] for group in (rewritten, stable) if group is not None]
+        rewritten = stable = None
+        for position, source in enumerate(sources):
+            if source is None or source <= last_edit:
+                rewritten = position
+            if source is not None and source < repeated:
+                stable = position
+        marks = [position for position in (rewritten, stable) if position is not None]
         return with_breakpoints(parsed.body, parsed.raw, items, marks)
 
     def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
@@ -268,14 +278,16 @@ def user_id_session(user_id: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _after_header(groups: list[Group], header: int) -> list[Any]:
+def _systems_after_header(pairs: list[tuple[Any, int | None]]) -> list[tuple[Any, int | None]]:
     """The items, with the system messages of the evicted part right after the header: the
     engine puts them before it, but the API takes a system message only after a user turn."""
-    before = [item for _, group in groups[:header] for item in group]
-    moved = [item for item in before if item.get("role") == "system"]
-    kept = [item for item in before if item.get("role") != "system"]
-    after = [item for _, group in groups[header + 1 :] for item in group]
-    return [*kept, *groups[header][1], *moved, *after]
+    header = next((i for i, (_, source) in enumerate(pairs) if source is None), None)
+    if header is None:
+        return pairs
+    before = pairs[:header]
+    moved = [pair for pair in before if pair[0].get("role") == "system"]
+    kept = [pair for pair in before if pair[0].get("role") != "system"]
+    return [*kept, pairs[header], *moved, *pairs[header + 1 :]]
 
 
 def _usage(usage: Any) -> Usage | None:
