@@ -1,6 +1,7 @@
 """Anthropic prompt caching through the proxy: the share of prompt tokens read from the cache
 over a Claude Code-like agent loop, with the proxy's own breakpoints (`cache_breakpoints`) and
-without; and the proxy's own time on a long Messages request that it does not compact.
+without; and the proxy's own time on a long Messages request that it does not compact, beside
+a chat completion of the same size.
 
     .venv/bin/python bench/anthropic_cache.py            # about 15 s
     .venv/bin/python bench/anthropic_cache.py --iterations 80
@@ -14,6 +15,7 @@ keyed by their exact blocks, thinking of earlier turns stripped from the prompt.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,14 @@ import anthropic  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 import yaml  # noqa: E402
-from common import percentile, proxy  # noqa: E402  (bench/ is on the path)
+from common import long_history, percentile, proxy  # noqa: E402  (bench/ is on the path)
 
 from proxy.config import loads  # noqa: E402
 from proxy.tokens import configure_offline_encodings  # noqa: E402
 from tests.claude_loop import ANCHOR, MODEL, WINDOW, ClaudeLoop, cache_read_share  # noqa: E402
 from tests.conversations import words  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic  # noqa: E402
+from tests.fake_upstream import FakeUpstream  # noqa: E402
 from tests.servers import proxy_server  # noqa: E402
 
 
@@ -55,11 +58,8 @@ def loop(iterations: int, *, breakpoints: bool, thinking: bool, marks: bool) -> 
     }
 
 
-def overhead(turns: int, samples: int, breakpoints: bool) -> tuple[float, float, float, int, int]:
-    """The proxy's own time before forwarding (`x-compaction-overhead-ms`) for a long tool-loop
-    history that it does not compact, the proxy in a process of its own (`compaction-proxy
-    serve`, as bench/overhead.py runs it): p50, p99 and the first request's, in ms; the
-    history's messages and KiB."""
+def tool_loop_history(turns: int) -> bytes:
+    """A Messages request of a long tool loop: `turns` calls, each with a ~200-token result."""
     history: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
     for n in range(turns):
         use = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file", "input": {"path": n}}
@@ -67,28 +67,52 @@ def overhead(turns: int, samples: int, breakpoints: bool) -> tuple[float, float,
         history.append({"role": "assistant", "content": [said, use]})
         result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": words(150, n)}
         history.append({"role": "user", "content": [result]})
-    raw = orjson.dumps({"model": MODEL, "max_tokens": 1024, "system": "Hi.", "messages": history})
-    with FakeAnthropic(windows={MODEL: 1_000_000}, record=False) as up:
-        config = {
-            "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
-            "models": [{"match": MODEL, "context_window": 1_000_000}],
-            "policies": {"default": {"cache_breakpoints": breakpoints}},
-        }
-        with proxy(yaml.safe_dump(config)) as server, httpx.Client(timeout=30) as http:
+    return orjson.dumps({"model": MODEL, "max_tokens": 1024, "system": "Hi.", "messages": history})
+
+
+def overhead(samples: int) -> list[tuple[str, list[float]]]:
+    """The proxy's own time before forwarding (`x-compaction-overhead-ms`) on long histories it
+    does not compact, each proxy a `compaction-proxy serve` process of its own (as
+    bench/overhead.py runs it), requests taking turns between them so that the machine's load
+    shows in every row alike: a 1,001-message Messages tool loop with the proxy's breakpoints
+    and without, and, for reference, the recorded traces' 1,052-message chat history."""
+    messages = tool_loop_history(500)
+    chat = orjson.dumps({"model": "gpt-4o", "messages": long_history(100_000)})
+    big = 1_000_000
+    with (
+        FakeAnthropic(windows={MODEL: big}, record=False) as claude,
+        FakeUpstream(windows={"gpt-4o": big}, record=False) as openai,
+        contextlib.ExitStack() as stack,
+    ):
+        servers = []
+        for breakpoints in (True, False):
+            config = {
+                "upstreams": {"claude": {"base_url": claude.base_url + "/v1", "kind": "anthropic"}},
+                "models": [{"match": MODEL, "context_window": big}],
+                "policies": {"default": {"cache_breakpoints": breakpoints}},
+            }
+            server = stack.enter_context(proxy(yaml.safe_dump(config)))
             headers = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01"}
-            times = []
-            for _ in range(samples):
-                response = http.post(server.url + "/messages", content=raw, headers=headers)
+            on = "on" if breakpoints else "off"
+            servers.append(
+                (f"Messages, breakpoints {on}", server.url + "/messages", messages, headers)
+            )
+        config = {
+            "upstreams": {"openai": {"base_url": openai.base_url}},
+            "models": [{"match": "gpt-4o", "context_window": big}],
+        }
+        server = stack.enter_context(proxy(yaml.safe_dump(config)))
+        headers = {"authorization": "Bearer sk-bench", "content-type": "application/json"}
+        servers.append(("chat completions", server.url + "/chat/completions", chat, headers))
+        times: list[list[float]] = [[] for _ in servers]
+        http = stack.enter_context(httpx.Client(timeout=30))
+        for _ in range(samples):
+            for (_, url, body, headers), found in zip(servers, times, strict=True):
+                response = http.post(url, content=body, headers=headers)
                 assert response.status_code == 200, response.text
                 assert response.headers["x-compaction-action"] == "none"
-                times.append(float(response.headers["x-compaction-overhead-ms"]))
-    return (
-        percentile(times, 50),
-        percentile(times, 99),
-        times[0],
-        len(history),
-        len(raw) // 1024,
-    )
+                found.append(float(response.headers["x-compaction-overhead-ms"]))
+    return [(name, found) for (name, *_), found in zip(servers, times, strict=True)]
 
 
 def main() -> None:
@@ -111,13 +135,12 @@ def main() -> None:
                     f"| {client} | {'on' if thinking else 'off'} | {on} "
                     f"| {found['share']:.1%} | {found['written']:.1%} |"
                 )
-    print("\nproxy overhead (x-compaction-overhead-ms) on a long history it does not compact:")
-    for breakpoints in (True, False):
-        p50, p99, cold, messages, size = overhead(500, 200, breakpoints)
-        print(
-            f"  {messages} messages ({size} KiB), breakpoints {'on' if breakpoints else 'off'}: "
-            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, first request {cold:.2f} ms"
-        )
+    print("\nproxy overhead (x-compaction-overhead-ms) on long histories it does not compact:")
+    print("| request | p50 | p99 | first |")
+    print("|---|---|---|---|")
+    for name, found in overhead(200):
+        p50, p99 = percentile(found, 50), percentile(found, 99)
+        print(f"| {name} | {p50:.2f} ms | {p99:.2f} ms | {found[0]:.2f} ms |")
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def _serve(config: config_module.Config) -> int:
                 )
 
     configure(config.logging)
-    Server(server_config(create_app(config), config)).run()
+    Server(server_config(create_app(config, freeze_heap=True), config)).run()
     return 0
 
 
