@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/savings.py
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/litellm_route.py
+	$(BIN)/python bench/anthropic_cache.py
 
 docker-smoke: $(STAMP)
 	PYTHON=$(BIN)/python scripts/docker-smoke.sh
