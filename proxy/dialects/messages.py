@@ -59,6 +59,7 @@ class Messages(Dialect):
     name = "messages"
     path = "/v1/messages"
     upstream_path = "/messages"  # below a base URL such as https://api.anthropic.com/v1
+    conversation_param = "messages"
     call_headers = {"anthropic-version": "2023-06-01"}
     marks_cache = True
 
