@@ -24,37 +24,24 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import anthropic  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 import yaml  # noqa: E402
 from common import long_history, percentile, proxy  # noqa: E402  (bench/ is on the path)
 
-from proxy.config import loads  # noqa: E402
 from proxy.tokens import configure_offline_encodings  # noqa: E402
-from tests.claude_loop import ANCHOR, MODEL, WINDOW, ClaudeLoop, cache_read_share  # noqa: E402
+from tests.claude_loop import MODEL, WINDOW, cache_read_share, run_loop  # noqa: E402
 from tests.conversations import words  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic  # noqa: E402
 from tests.fake_upstream import FakeUpstream  # noqa: E402
-from tests.servers import proxy_server  # noqa: E402
 
 
 def loop(iterations: int, *, breakpoints: bool, thinking: bool, marks: bool) -> dict[str, Any]:
-    with FakeAnthropic(windows={MODEL: WINDOW}) as up:
-        config = {
-            "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
-            "models": [{"match": MODEL, "context_window": WINDOW}],
-            "policies": {"default": {"cache_breakpoints": breakpoints, "anchors": [ANCHOR]}},
-        }
-        with proxy_server(loads(yaml.safe_dump(config))) as proxy:
-            client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-bench", max_retries=0)
-            runner = ClaudeLoop(client, "bench", thinking=thinking, marks=marks)
-            turns = runner.run(iterations)
+    turns, _ = run_loop(iterations, breakpoints=breakpoints, thinking=thinking, marks=marks)
     prompt = sum(t.prompt for t in turns)
     return {
         "share": cache_read_share(turns),
         "written": sum(t.cache_creation for t in turns) / prompt,
-        "prompt": prompt,
     }
 
 

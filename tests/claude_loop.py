@@ -12,8 +12,12 @@ import dataclasses
 from typing import Any
 
 import anthropic
+import yaml
 
+from proxy.config import loads
 from tests.conversations import words
+from tests.fake_anthropic import FakeAnthropic
+from tests.servers import proxy_server
 
 MODEL = "claude-loop"
 WINDOW = 16_384
@@ -130,3 +134,27 @@ def cache_read_share(turns: list[Turn]) -> float:
     """The share of prompt tokens the upstream read from its cache."""
     prompt = sum(t.prompt for t in turns)
     return sum(t.cache_read for t in turns) / prompt if prompt else 0.0
+
+
+def run_loop(
+    iterations: int, *, breakpoints: bool, thinking: bool = True, marks: bool = True
+) -> tuple[list[Turn], list[bytes]]:
+    """The loop through a proxy (policy `cache_breakpoints` as given, the anchors watched) in
+    front of a fake Anthropic API with the loop's window: its turns, and the bodies of the
+    Messages requests the fake received (summaries left out)."""
+    with FakeAnthropic(windows={MODEL: WINDOW}) as up:
+        config = {
+            "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
+            "models": [{"match": MODEL, "context_window": WINDOW}],
+            "policies": {"default": {"cache_breakpoints": breakpoints, "anchors": [ANCHOR]}},
+        }
+        with proxy_server(loads(yaml.safe_dump(config))) as proxy:
+            client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-loop", max_retries=0)
+            loop = ClaudeLoop(client, "loop-session", thinking=thinking, marks=marks)
+            turns = loop.run(iterations)
+        sent = [
+            r.body
+            for r in up.requests
+            if r.path == "/v1/messages" and r.headers.get("x-compaction-summary") != "1"
+        ]
+    return turns, sent

@@ -7,41 +7,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-import anthropic
 import orjson
 import pytest
-import yaml
 
-from proxy.config import loads
-from tests.claude_loop import ANCHOR, MODEL, WINDOW, ClaudeLoop, Turn, cache_read_share
-from tests.fake_anthropic import FakeAnthropic
-from tests.servers import proxy_server
+from tests.claude_loop import ANCHOR, WINDOW, Turn, cache_read_share, run_loop
 
 ITERATIONS = 40
 
 
-def run_loop(breakpoints: bool) -> tuple[list[Turn], list[bytes]]:
-    """The loop's turns and the bodies of the Messages requests the upstream received."""
-    with FakeAnthropic(windows={MODEL: WINDOW}) as up:
-        config = {
-            "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
-            "models": [{"match": MODEL, "context_window": WINDOW}],
-            "policies": {"default": {"cache_breakpoints": breakpoints, "anchors": [ANCHOR]}},
-        }
-        with proxy_server(loads(yaml.safe_dump(config))) as proxy:
-            client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-loop", max_retries=0)
-            turns = ClaudeLoop(client, "loop-session").run(ITERATIONS)
-        sent = [
-            r.body
-            for r in up.requests
-            if r.path == "/v1/messages" and r.headers.get("x-compaction-summary") != "1"
-        ]
-    return turns, sent
-
-
 @pytest.fixture(scope="module")
 def loops() -> Iterator[dict[bool, tuple[list[Turn], list[bytes]]]]:
-    yield {on: run_loop(on) for on in (True, False)}
+    yield {on: run_loop(ITERATIONS, breakpoints=on) for on in (True, False)}
 
 
 @pytest.mark.parametrize("breakpoints", [True, False])
