@@ -279,6 +279,11 @@ def create_app(
 
     routes: list[BaseRoute] = [
         *(route(h.dialect.path, h, ["POST"], h.dialect) for h in proxy.handlers),
+        *(
+            route(h.dialect.count_path, h.count_tokens, ["POST"], h.dialect)
+            for h in proxy.handlers
+            if h.dialect.count_path
+        ),
         route("/v1/{path:path}", proxy.passthrough, ANY),
         Route("/healthz", proxy.healthz, methods=["GET"]),
         Route("/readyz", proxy.readyz, methods=["GET"]),

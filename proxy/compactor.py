@@ -101,6 +101,11 @@ class Compactor:
             return self._forward(turn, None, "none", tokens, tokens)
         return self._forward(turn, entries, "replayed", tokens_before, tokens)
 
+    async def view(self, request: ClientRequest) -> Entries | None:
+        """The session's plan applied to this request, None when it has none: what would be
+        sent, for a count of it. Nothing is compacted or stored."""
+        return self._entries(await self._turn(request))
+
     async def retry_harder(self, request: ClientRequest, previous: Forward) -> Forward:
         """The upstream said the prompt is too long: compact to half the target, once."""
         turn = await self._turn(request)

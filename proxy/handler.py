@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -66,31 +66,8 @@ class Handler:
         tenant = self.tenants.tenant(headers)
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
-        sessions = self.config.sessions
-        try:
-            policy, upstream = self.config.route(
-                self.dialect.name, parsed.model, headers.get(sessions.policy_header)
-            )
-        except NoRoute as exc:
-            raise InvalidRequest(str(exc), param="model") from None
-        client_request = ClientRequest(
-            dialect=self.dialect,
-            parsed=parsed,
-            tenant=tenant,
-            session=session_id(
-                headers.get(sessions.header),
-                self.dialect.session_hint(headers, parsed),
-                parsed.messages,
-            ),
-            policy=policy,
-            upstream=upstream,
-            credentials=tuple(
-                (name, value)
-                for name, value in headers.items()
-                if name in self.carried and name not in self.drop_headers
-            ),
-            window=self.dialect.window(headers),
-        )
+        client_request = self._client_request(headers, tenant, parsed)
+        upstream = client_request.upstream
         forward = await self.compactor.prepare(client_request)
         if parsed.opaque_reason is not None:
             self.metrics.held_upstream.labels(self.dialect.name, parsed.opaque_reason).inc()
@@ -150,6 +127,61 @@ class Handler:
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         return self._finish(client_request, forward, response, payload, overhead)
 
+    async def count_tokens(self, request: Request) -> ASGIApp:
+        """The API's own count of a prompt (Anthropic's count_tokens) for what would be sent:
+        the session's view when the client names its session and the session has a plan for
+        this history, else the request as it is. Nothing is compacted or stored."""
+        headers = request.headers
+        tenant = self.tenants.tenant(headers)
+        raw = await read_body(request, self.config.listen.max_body_bytes)
+        parsed = self.dialect.parse(raw)
+        client_request = self._client_request(headers, tenant, parsed)
+        body, action = raw, "none"
+        if headers.get(self.config.sessions.header) or self.dialect.session_hint(headers, parsed):
+            entries = await self.compactor.view(client_request)
+            if entries is not None:
+                body, action = self.dialect.render(parsed, entries), "replayed"
+        upstream = client_request.upstream
+        path = str(self.dialect.count_path).removeprefix("/v1")
+        send_headers = relayable(headers.items(), self.drop_headers)
+        query = query_string(request)
+        response = await self.client.open(upstream, "POST", path, query, send_headers, body)
+        payload = await response.read(upstream.timeouts.stream_idle)
+        response.release()
+        self.metrics.requests.labels(f"{self.dialect.name}_count", str(response.status)).inc()
+        own = [("x-compaction-session", client_request.key), ("x-compaction-action", action)]
+        return _response(payload, response.status, relayable(response.headers) + own)
+
+    def _client_request(
+        self, headers: Mapping[str, str], tenant: str, parsed: Parsed
+    ) -> ClientRequest:
+        """The request routed, with its session and what its own summary call may carry."""
+        sessions = self.config.sessions
+        try:
+            policy, upstream = self.config.route(
+                self.dialect.name, parsed.model, headers.get(sessions.policy_header)
+            )
+        except NoRoute as exc:
+            raise InvalidRequest(str(exc), param="model") from None
+        return ClientRequest(
+            dialect=self.dialect,
+            parsed=parsed,
+            tenant=tenant,
+            session=session_id(
+                headers.get(sessions.header),
+                self.dialect.session_hint(headers, parsed),
+                parsed.messages,
+            ),
+            policy=policy,
+            upstream=upstream,
+            credentials=tuple(
+                (name, value)
+                for name, value in headers.items()
+                if name in self.carried and name not in self.drop_headers
+            ),
+            window=self.dialect.window(headers),
+        )
+
     def _headers(
         self, forward: Forward, response: UpstreamResponse, overhead: float
     ) -> list[tuple[str, str]]:
@@ -170,13 +202,7 @@ class Handler:
         if response.status == 200:
             self._calibrate(request, forward, self.dialect.usage(payload))
         self._count(forward, response.status)
-        out = Response(payload, status_code=response.status)
-        out.raw_headers = [
-            (n.lower().encode("latin-1"), v.encode("latin-1"))
-            for n, v in self._headers(forward, response, overhead)
-        ]
-        out.raw_headers.append((b"content-length", str(len(payload)).encode()))
-        return out
+        return _response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
         self, response: UpstreamResponse, chunks: AsyncIterator[bytes], upstream: Upstream
@@ -264,6 +290,14 @@ class Handler:
                 "decisions": [dataclasses.asdict(d) for d in forward.decisions],
             },
         )
+
+
+def _response(payload: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
+    """A whole answer with exactly these headers (and its length)."""
+    out = Response(payload, status_code=status)
+    out.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    out.raw_headers.append((b"content-length", str(len(payload)).encode()))
+    return out
 
 
 async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

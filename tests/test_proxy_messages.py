@@ -375,3 +375,27 @@ def test_a_summary_role_other_than_user_is_refused_on_anthropic_routes(up: FakeA
     )
     assert openai_only.policies["chatty"].compaction.summary_role == "system"
     assert orjson.dumps(openai_only.masked())
+
+
+def test_count_tokens_counts_the_view_of_a_named_session(up: FakeAnthropic) -> None:
+    with proxy_server(config(up)) as proxy:
+        client = client_of(proxy)
+        messages = history(16, 400)
+        session = {"X-Claude-Code-Session-Id": "counted"}
+        raw = client.messages.with_raw_response.create(
+            model=SMALL, max_tokens=1000, messages=messages, extra_headers=session
+        )
+        assert raw.headers["x-compaction-action"] == "compacted"
+        sent = messages_sent(up)[-1]["messages"]
+        counted = client.messages.with_raw_response.count_tokens(
+            model=SMALL, messages=messages, extra_headers=session
+        )
+        assert counted.headers["x-compaction-action"] == "replayed"
+        view = up.count({"model": SMALL, "messages": sent})
+        assert (
+            counted.parse().input_tokens == view < up.count({"model": SMALL, "messages": messages})
+        )
+        # A session the client does not name is not looked up: the history is counted whole.
+        whole = client.messages.count_tokens(model=SMALL, messages=messages)
+        assert whole.input_tokens == up.count({"model": SMALL, "messages": messages})
+    assert up.requests[-1].path == "/v1/messages/count_tokens"

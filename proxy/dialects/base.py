@@ -74,6 +74,9 @@ class Dialect(ABC):
     # Whether the API caches a prompt only up to breakpoints the request marks, so that the
     # proxy adds its own (`render`), even to a request it does not otherwise change.
     marks_cache: ClassVar[bool] = False
+    # The API's path that counts a prompt's tokens (Anthropic's count_tokens), answered for
+    # the session's view; None when it has none.
+    count_path: ClassVar[str | None] = None
 
     @abstractmethod
     def parse(self, raw: bytes) -> Parsed:

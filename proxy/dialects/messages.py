@@ -62,6 +62,7 @@ class Messages(Dialect):
     conversation_param = "messages"
     call_headers = {"anthropic-version": "2023-06-01"}
     marks_cache = True
+    count_path = "/v1/messages/count_tokens"
 
     def parse(self, raw: bytes) -> Parsed:
         try:
