@@ -148,8 +148,10 @@ def run_loop(
             "models": [{"match": MODEL, "context_window": WINDOW}],
             "policies": {"default": {"cache_breakpoints": breakpoints, "anchors": [ANCHOR]}},
         }
-        with proxy_server(loads(yaml.safe_dump(config))) as proxy:
-            client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-loop", max_retries=0)
+        with (
+            proxy_server(loads(yaml.safe_dump(config))) as proxy,
+            anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-loop", max_retries=0) as client,
+        ):
             loop = ClaudeLoop(client, "loop-session", thinking=thinking, marks=marks)
             turns = loop.run(iterations)
         sent = [

@@ -55,16 +55,24 @@ def server(up: FakeAnthropic) -> Iterator[ServerThread]:
         yield proxy
 
 
+OPEN: list[anthropic.Anthropic] = []  # the clients a test made, closed when it ends
+
+
 @pytest.fixture(autouse=True)
-def fresh(up: FakeAnthropic) -> None:
+def fresh(up: FakeAnthropic) -> Iterator[None]:
     up.reset()
     up.api_key, up.behavior = None, ""
+    yield
+    while OPEN:
+        OPEN.pop().close()
 
 
 def client_of(server: ServerThread, key: str | None = KEY, **kwargs: Any) -> anthropic.Anthropic:
+    """The SDK pointed at the proxy (the key as given, else `kwargs`' credential)."""
     if key is not None:
         kwargs["api_key"] = key
-    return anthropic.Anthropic(base_url=server.url, max_retries=0, **kwargs)
+    OPEN.append(anthropic.Anthropic(base_url=server.url, max_retries=0, **kwargs))
+    return OPEN[-1]
 
 
 def unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
