@@ -49,10 +49,7 @@ _USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
 LONG_CONTEXT_BETA = "context-1m-"
 LONG_CONTEXT_WINDOW = 1_000_000
 TOOL_USE_SYSTEM_TOKENS = 346  # the tool-use system prompt Anthropic adds (its pricing docs)
-OAUTH_PREFIX = "sk-ant-oat"
-Group = tuple[
-    int | None, list[Any]
-]  # a subscription's token (Claude Code signed in with an account)
+OAUTH_PREFIX = "sk-ant-oat"  # a subscription's token (Claude Code signed in with an account)
 
 
 class Messages(Dialect):
@@ -71,11 +68,9 @@ class Messages(Dialect):
             raise InvalidRequest(f"Invalid JSON body: {exc.msg} at position {exc.pos}") from None
         if not isinstance(body, dict):
             raise InvalidRequest("Invalid request body: expected a JSON object.")
-        model, messages, max_tokens = (
-            body.get("model"),
-            body.get("messages"),
-            body.get("max_tokens"),
-        )
+        model = body.get("model")
+        messages = body.get("messages")
+        max_tokens = body.get("max_tokens")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model: Field required")
         if not isinstance(messages, list):
