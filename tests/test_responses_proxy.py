@@ -190,7 +190,12 @@ def test_usage_is_counted_with_what_the_cache_served(
         usages.append(stream.get_final_response().usage)
     cached = [u.input_tokens_details.cached_tokens for u in usages if u is not None]
     assert cached[0] == 0 and cached[1] > 0 and cached[2] > 0
+    # A stream's usage is counted when the relay ends, just after the client has its last event.
+    deadline = time.monotonic() + 5
     after = metric(http, server, "compaction_proxy_cached_prompt_tokens_total", **labels)
+    while after != cached_before + sum(cached) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        after = metric(http, server, "compaction_proxy_cached_prompt_tokens_total", **labels)
     assert after == cached_before + sum(cached)
     total = metric(http, server, "compaction_proxy_upstream_prompt_tokens_total", **labels)
     assert total == before + sum(u.input_tokens for u in usages if u is not None)
