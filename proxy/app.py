@@ -157,6 +157,17 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
             return await endpoint(request)
         except APIError as exc:
             metrics.requests.labels("error", str(exc.status_code)).inc()
+            # The proxy's own words only (never a message's text, never a credential).
+            log.log(
+                logging.WARNING if exc.status_code >= 500 else logging.INFO,
+                "request refused",
+                extra={
+                    "status": exc.status_code,
+                    "code": exc.code,
+                    "api": dialect.name,
+                    "reason": exc.message[:300],
+                },
+            )
             return dialect.error_response(exc)
         except ClientDisconnect:
             return client_gone(metrics)

@@ -128,12 +128,30 @@ def _serve(config: config_module.Config) -> int:
             for bound in (s.getsockname() for server in self.servers for s in server.sockets):
                 host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
                 logging.getLogger("compaction_proxy").info(
-                    "listening", extra={"url": f"http://{host}:{bound[1]}"}
+                    "listening", extra={"url": f"http://{host}:{bound[1]}", **_startup(config)}
                 )
 
     configure(config.logging)
     Server(server_config(create_app(config, freeze_heap=True), config)).run()
     return 0
+
+
+def _startup(config: config_module.Config) -> dict[str, Any]:
+    """What an operator wants to see at start-up: never a secret (store URLs lose their
+    credentials, upstreams are named, not shown)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("compaction-proxy")
+    except PackageNotFoundError:
+        release = "unknown"
+    return {
+        "version": release,
+        "store": config.store.url.split("://", 1)[0],
+        "upstreams": {name: u.kind for name, u in config.upstreams.items()},
+        "policies": sorted(config.policies),
+        "auth": "inbound keys" if config.auth.keys else "client credentials",
+    }
 
 
 def _replay(args: argparse.Namespace, config: config_module.Config) -> int:

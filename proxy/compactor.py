@@ -45,6 +45,9 @@ class Forward:
     can_retry: bool = True
     anchors_complete: bool = True
     reserved_output: int | None = None  # output tokens the budget kept free in the window
+    window_source: str = (
+        "config"  # where the model's window came from: config | model-map | default
+    )
 
     def headers(self) -> list[tuple[str, str]]:
         headers = [
@@ -53,6 +56,7 @@ class Forward:
             ("x-compaction-store", self.store),
             ("x-compaction-tokens-before", str(self.tokens_before)),
             ("x-compaction-tokens-after", str(self.tokens_after)),
+            ("x-compaction-window-source", self.window_source),
         ]
         if not self.anchors_complete:
             headers.append(("x-compaction-anchors", "truncated"))
@@ -165,6 +169,7 @@ class Compactor:
             result.decisions if result else (),
             anchors_complete=result.anchors_complete if result else True,
             reserved_output=turn.budget.reserved_output,
+            window_source=turn.limits.window_source,
         )
 
     async def _compact(

@@ -8,12 +8,17 @@ under the provider's name.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from typing import Literal
 
 from .config import Config, Upstream
 from .models import ModelCatalog
 from .tokens import TokenCounter, counter_for
 
 MAX_MEMOISED = 10_000  # model names come from clients
+log = logging.getLogger("compaction_proxy")
+
+WindowSource = Literal["config", "model-map", "default"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +26,7 @@ class Limits:
     window: int
     max_output: int | None
     counter: TokenCounter
+    window_source: WindowSource = "config"
 
 
 class ModelLimits:
@@ -53,7 +59,22 @@ class ModelLimits:
                 override.counting if override else "auto",
                 override.encoding if override else None,
             )
-            found = Limits(window or self.config.default_context_window, max_output, counter)
+            source: WindowSource = (
+                "config"
+                if override and override.context_window
+                else "model-map"
+                if info.context_window
+                else "default"
+            )
+            if source == "default" and len(self._limits) < MAX_MEMOISED:
+                # Once per model (memoised below): a guessed window is worth an operator's look.
+                log.warning(
+                    "model not in the config nor the model map: default_context_window used",
+                    extra={"model": name[:200], "window": self.config.default_context_window},
+                )
+            found = Limits(
+                window or self.config.default_context_window, max_output, counter, source
+            )
             if len(self._limits) < MAX_MEMOISED:
                 self._limits[model, name] = found
         return found

@@ -131,3 +131,10 @@ def test_serve_starts_on_the_repository_config() -> None:
     # Where it listens, said once it does.
     said = [orjson.loads(line) for line in err.splitlines() if b'"listening"' in line]
     assert [event["url"] for event in said] == [f"http://127.0.0.1:{port}"]
+    # What it serves with, and nothing secret.
+    assert said[0]["store"] == "memory"
+    assert said[0]["upstreams"] == {"openai": "openai"}
+    assert said[0]["policies"] == ["default"] and said[0]["version"]
+    # The proxy's own refusals are logged, in its own words.
+    refused = [orjson.loads(line) for line in err.splitlines() if b'"request refused"' in line]
+    assert [(e["status"], e["code"]) for e in refused] == [(404, "not_found")]
