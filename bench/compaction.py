@@ -175,8 +175,8 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
     )
     store = MemoryStore(ttl_seconds=3600)
     config = proxy_config()
-    client = UpstreamClient()
-    proxy = Proxy(config, store, client, Metrics())
+    metrics = Metrics()
+    proxy = Proxy(config, store, UpstreamClient(metrics), metrics)
     compactor = proxy.compactor
     raw = orjson.dumps({"model": MODEL, **body})
     plain = request_of(config, LARGE_MODEL, dialect, body)  # under every level: forwarded as is
@@ -218,7 +218,7 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
         f"{ms(await timed(lambda: prepare(replay, 'replayed'), runs))}",
     ]
     await proxy.prepared.close()
-    await client.close()
+    await proxy.client.close()
     return lines
 
 

@@ -236,7 +236,10 @@ class LLMSummarizer:
 
     async def _attempt(self, headers: list[tuple[str, str]], body: bytes) -> str:
         path = self.dialect.upstream_path
-        response = await self.client.open(self.upstream, "POST", path, "", list(headers), body)
+        # The summarizer's own retries stand in for the upstream's (the two would multiply).
+        response = await self.client.open(
+            self.upstream, "POST", path, "", list(headers), body, retries=0
+        )
         try:
             payload = await response.read(self.settings.timeout_seconds)
         finally:
