@@ -6,13 +6,14 @@ signal makes /readyz answer 503 while the proxy goes on accepting for
 `listen.shutdown_delay_seconds`, so that a load balancer sees it and stops sending; then the
 listener closes and in-flight requests have `listen.shutdown_grace_seconds` to finish; the
 gate ends those still running (their upstream connections closed), and the process exits 0.
-A second signal skips what is left of both waits.
+SIGINT (Ctrl-C) skips the delay; a second signal skips what is left of both waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import time
 from types import FrameType
@@ -31,6 +32,8 @@ class Server(uvicorn.Server):
         self.gate = gate
         self.listen = listen
         self._signalled_at: float | None = None
+        self._delay = 0.0
+        self._announced = False
         self._hurry = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -38,7 +41,10 @@ class Server(uvicorn.Server):
         # A signal handler: it sets flags for the loop to act on, and the signal is not
         # re-raised after the shutdown (uvicorn's way), so that the exit status is 0.
         if self._signalled_at is None:
+            # No load balancer waits on an interrupt from a terminal: Ctrl-C skips the delay.
+            delay = 0.0 if sig == signal.SIGINT else self.listen.shutdown_delay_seconds
             self._signalled_at = time.monotonic()
+            self._delay = delay
             self.gate.draining = True
             return
         self._hurry = self.should_exit = True
@@ -56,8 +62,10 @@ class Server(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         signalled = self._signalled_at
         if signalled is not None and not self.should_exit:
-            draining = time.monotonic() - signalled
-            self.should_exit = draining >= self.listen.shutdown_delay_seconds
+            if not self._announced:
+                self._announced = True
+                log.info("draining: not ready", extra={"delay_seconds": self._delay})
+            self.should_exit = time.monotonic() - signalled >= self._delay
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
