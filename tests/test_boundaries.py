@@ -112,3 +112,21 @@ def test_a_max_tokens_that_leaves_no_room_never_strips_the_session(
     assert second.status_code == 200
     assert second.headers["x-compaction-action"] == "none"
     assert upstream.requests[-1].json["messages"] == messages
+
+
+def test_one_callers_failing_summaries_never_stop_anothers(
+    upstream: FakeUpstream, server: object, http: httpx.Client
+) -> None:
+    # The caller's own credential goes to the summarizer: a wrong one fails every summary of
+    # that caller, and trips the summarizer's breaker for that caller alone.
+    url = server.url + CHAT  # type: ignore[attr-defined]
+    upstream.api_key = "sk-right"
+    body = {"model": "small-8k", "messages": chat(60)}
+    wrong = {"Authorization": "Bearer sk-wrong", "X-Session-Id": "breaker-a"}
+    assert http.post(url, json=body, headers=wrong).status_code == 401
+    assert upstream.summary_calls == 0  # refused before the summarizer saw them
+    right = {"Authorization": "Bearer sk-right", "X-Session-Id": "breaker-b"}
+    answer = http.post(url, json=body, headers=right)
+    assert answer.status_code == 200
+    assert answer.headers["x-compaction-action"] == "compacted"
+    assert upstream.summary_calls > 0
