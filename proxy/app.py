@@ -96,7 +96,7 @@ class Proxy:
         self.gate = Gate(
             config.listen.max_concurrent_requests,
             metrics,
-            lambda path, error: error_response(error, by_path.get(path, OPENAI)),
+            lambda path, error: by_path.get(path, OPENAI).error_response(error),
         )
 
     async def passthrough(self, request: Request) -> ASGIApp:
