@@ -8,23 +8,19 @@ redirects, and the URL is always the configured upstream's, whatever the client 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
 import aiohttp
-from aiohttp.client_reqrep import ClientRequest
-from aiohttp.connector import Connection
-from aiohttp.tracing import Trace
 from yarl import URL
 
 from .config import Upstream
 from .errors import StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from .metrics import Metrics
+from .pool import Progress, attempting, pooled_session
 from .retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
 
 log = logging.getLogger("compaction_proxy")
@@ -175,15 +171,6 @@ class BufferedResponse:
         pass
 
 
-@dataclasses.dataclass
-class _Progress:
-    """How far one attempt got: the phase a timeout is named after, and whether the
-    connection came from the pool (a stale one is safe to retry)."""
-
-    phase: str = "connect"  # "pool" while every connection is busy, "first_byte" once connected
-    reused: bool = False
-
-
 @dataclasses.dataclass(frozen=True)
 class _Again:
     """An attempt to be made again after `wait` seconds."""
@@ -192,41 +179,9 @@ class _Again:
     wait: float
 
 
-# The attempt under way in this task, for the connector to note its progress in. (aiohttp's
-# tracing would tell the same, at ten times the cost per request.)
-_ATTEMPT: contextvars.ContextVar[_Progress] = contextvars.ContextVar("upstream_attempt")
-
-
-class _Connector(aiohttp.TCPConnector):
-    """A TCPConnector that notes in the current attempt whether it waited for a free
-    connection and whether the one it got had served a request before."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit=limit, ttl_dns_cache=300)
-        self._served: weakref.WeakSet[object] = weakref.WeakSet()
-
-    async def connect(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
-    ) -> Connection:
-        progress = _ATTEMPT.get(None) or _Progress()
-        if self._available_connections(req.connection_key) <= 0:
-            progress.phase = "pool"
-        connection = await super().connect(req, traces, timeout)
-        progress.phase = "first_byte"
-        progress.reused = connection.protocol in self._served
-        self._served.add(connection.protocol)
-        return connection
-
-
 class UpstreamClient:
-    """A pooled aiohttp session per HTTP upstream, its connections bounded by the upstream's
-    `max_connections`, and the transports of other kinds. Nothing of one request is kept for
-    the next: no cookie jar (a cookie set on one tenant's answer would go out with another
-    tenant's request), no credentials.
-    """
+    """A pooled aiohttp session per HTTP upstream (proxy.pool), and the transports of other
+    kinds. No credential is kept from one request for the next."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -237,13 +192,7 @@ class UpstreamClient:
     def session(self, upstream: Upstream) -> aiohttp.ClientSession:
         session = self._sessions.get(upstream.name)
         if session is None:
-            session = self._sessions[upstream.name] = aiohttp.ClientSession(
-                connector=_Connector(upstream.max_connections),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=None),
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-            )
+            session = self._sessions[upstream.name] = pooled_session(upstream.max_connections)
         return session
 
     async def close(self) -> None:
@@ -264,7 +213,7 @@ class UpstreamClient:
         retries: int | None = None,
     ) -> UpstreamResponse:
         """Send a request and wait for the response head (the first byte), within the timeouts,
-        trying again over HTTP as `proxy.retries` allows (`retries`: the upstream's own by
+        trying again over HTTP as proxy.retries allows (`retries`: the upstream's own by
         default).
 
         `path` is relative to the upstream's base URL (the part after `/v1`).
@@ -287,12 +236,12 @@ class UpstreamClient:
             upstream.retries if retries is None else retries, time.monotonic() + first_byte
         )
         target = URL(url, encoded=True)  # the path as the client encoded it, not re-quoted
-        progress = _Progress()
+        progress = Progress()
         try:
             async with asyncio.timeout(first_byte):
                 while True:
-                    progress = _Progress()
-                    _ATTEMPT.set(progress)
+                    progress = Progress()
+                    attempting(progress)
                     outcome = await self._attempt(
                         upstream, method, target, headers, body, progress, budget
                     )
@@ -314,7 +263,7 @@ class UpstreamClient:
         url: URL,
         headers: list[tuple[str, str]],
         body: bytes | None,
-        progress: _Progress,
+        progress: Progress,
         budget: Retries,
     ) -> UpstreamResponse | _Again:
         """One attempt: its answer, or when to try again; raises the client's error when the
