@@ -86,6 +86,7 @@ class Gate:
                 raise
             task.uncancel()  # ended by the gate, not by the server: answer if still possible
             if not started:
+                self.metrics.requests.labels("error", "503").inc()
                 await self._answer(scope, receive, send, ShuttingDown("The proxy shut down."))
         finally:
             self._running.discard(task)
