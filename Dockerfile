@@ -7,13 +7,14 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone, so that a code change reuses this layer.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > deps.txt && pip install -r deps.txt
-COPY README.md LICENSE ./
+# Dependencies first, hash-pinned from the lock (requirements/), so that a code change reuses
+# this layer; then the project itself, with no dependencies of its own.
+COPY requirements ./requirements
+RUN pip install --require-hashes -r requirements/build.txt -r requirements/runtime.txt
+COPY pyproject.toml README.md LICENSE ./
 COPY policies ./policies
 COPY proxy ./proxy
-RUN pip install --no-deps . && pip uninstall -y -q pip setuptools
+RUN pip install --no-deps --no-build-isolation . && pip uninstall -y -q pip setuptools
 
 FROM python:3.11-slim
 # base-passwd already has a `proxy` user (uid 13): the image's user is `app`, uid 10001.

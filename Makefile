@@ -7,12 +7,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench docker-smoke
+.PHONY: serve test lint bench docker-smoke lock
 
-$(STAMP): pyproject.toml
+# Every dependency comes hash-pinned from the lock (requirements/, made by requirements/lock);
+# the project itself then goes in with no dependencies of its own and its pinned build backend.
+$(STAMP): pyproject.toml requirements/dev.txt
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 serve: $(STAMP)
@@ -36,3 +38,6 @@ bench: $(STAMP)
 
 docker-smoke: $(STAMP)
 	PYTHON=$(BIN)/python scripts/docker-smoke.sh
+
+lock:
+	requirements/lock

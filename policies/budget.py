@@ -11,6 +11,10 @@ from typing import Literal
 
 Status = Literal["ok", "prepare", "compact"]
 
+# Below this target a compacted conversation holds little more than its current turn: a request
+# whose own max_tokens leaves less is not compacted (nor is its plan kept for later turns).
+MIN_TARGET_TOKENS = 256
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -27,9 +31,9 @@ class Budget:
     @property
     def usable(self) -> bool:
         """Whether there is room to compact into. Not when the reserved output (a max_tokens
-        as large as the window, say) leaves no target: compacting would strip the
-        conversation to nothing, so such a request goes upstream unchanged."""
-        return self.target_tokens > 0
+        nearly as large as the window, say) leaves next to no target: compacting would strip
+        the conversation to nothing, so such a request goes upstream unchanged."""
+        return self.target_tokens >= MIN_TARGET_TOKENS
 
     def status(self, tokens: int) -> Status:
         """`compact` at or over the compact level, `prepare` at or over the prepare level;

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -25,6 +27,7 @@ from .config import Config
 from .dialects import DIALECTS, Dialect
 from .dialects.chat import Chat
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
+from .gate import Gate
 from .handler import Handler
 from .limits import ModelLimits
 from .metrics import CONTENT_TYPE_LATEST, Metrics
@@ -89,6 +92,12 @@ class Proxy:
         self._anthropic = (
             anthropic if anthropic is not None and anthropic.serves("messages") else None
         )
+        by_path = {h.dialect.path: h.dialect for h in self.handlers}
+        self.gate = Gate(
+            config.listen.max_concurrent_requests,
+            metrics,
+            lambda path, error: by_path.get(path, OPENAI).error_response(error),
+        )
 
     async def passthrough(self, request: Request) -> ASGIApp:
         """Any other /v1/* call: forwarded untouched to the default upstream (of chat
@@ -117,15 +126,17 @@ class Proxy:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """Ready when the store answers and the tokenizer is loaded."""
+        """Ready when the store answers, the tokenizer is loaded and no shutdown has begun."""
         store = await self.store.ping()
         warm = self.limits.warm
+        ready = store and warm and not self.gate.draining
+        status = "ready" if ready else "draining" if self.gate.draining else "degraded"
         body = {
-            "status": "ready" if store and warm else "degraded",
+            "status": status,
             "store": "ok" if store else "unavailable",
             "tokenizer": "loaded" if warm else "loading",
         }
-        return JSONResponse(body, status_code=200 if store and warm else 503)
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -212,16 +223,16 @@ class _Endpoint:
 
         handler = asyncio.ensure_future(self.handler(Request(scope, receive_body, send)))
         watch = asyncio.ensure_future(_disconnect_after(body_read, receive))
-        await asyncio.wait((handler, watch), return_when=asyncio.FIRST_COMPLETED)
-        app: ASGIApp
-        if not handler.done():
-            handler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await handler
-            app = client_gone(self.metrics)
-        else:
+        try:
+            await asyncio.wait((handler, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when this request is cancelled (the shutdown ended it): nothing outlives it.
             watch.cancel()
-            app = handler.result()
+            if not handler.done():
+                handler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await handler
+        app = handler.result() if not handler.cancelled() else client_gone(self.metrics)
         await app(scope, receive, send)
 
 
@@ -253,8 +264,8 @@ def create_app(
         timeout_seconds=config.store.timeout_seconds,
         max_sessions=config.store.max_sessions,
     )
-    client = client or UpstreamClient()
     metrics = metrics or Metrics()
+    client = client or UpstreamClient(metrics)
     proxy = Proxy(config, store, client, metrics)
 
     @contextlib.asynccontextmanager
@@ -305,14 +316,15 @@ def create_app(
         admin_sessions = Sessions(store, metrics, fail_open=False)
         routes += Admin(config.admin.token, admin_sessions).routes()
     routes.append(route("/{path:path}", proxy.not_found, ANY))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(proxy.gate.around)])
     app.state.proxy = proxy
     return app
 
 
 def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.Config:
     """uvicorn's settings for the proxy: uvloop and httptools when installed, and the
-    upstream's own Date and Server headers relayed instead of uvicorn's."""
+    upstream's own Date and Server headers relayed instead of uvicorn's. The gate ends what is
+    left when the shutdown's grace is over; uvicorn's own bound only backs it up."""
     options: dict[str, object] = {
         "host": config.listen.host,
         "port": config.listen.port,
@@ -321,6 +333,7 @@ def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.
         "server_header": False,
         "date_header": False,
         "lifespan": "on",
+        "timeout_graceful_shutdown": math.ceil(config.listen.shutdown_grace_seconds) + 5,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)  # type: ignore[arg-type]

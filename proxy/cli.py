@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,24 +113,16 @@ def _print_json(data: Any) -> None:
 
 
 def _serve(config: config_module.Config) -> int:
-    import uvicorn
-
     from .app import create_app, server_config
     from .logs import configure
-
-    class Server(uvicorn.Server):
-        """Says where it listens once it does (uvicorn's own line is below its log level)."""
-
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            for bound in (s.getsockname() for server in self.servers for s in server.sockets):
-                host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-                logging.getLogger("compaction_proxy").info(
-                    "listening", extra={"url": f"http://{host}:{bound[1]}", **_startup(config)}
-                )
+    from .server import Server
 
     configure(config.logging)
-    Server(server_config(create_app(config, freeze_heap=True), config)).run()
+    app = create_app(config, freeze_heap=True)
+    server = Server(
+        server_config(app, config), app.state.proxy.gate, config.listen, _startup(config)
+    )
+    server.run()
     return 0
 
 

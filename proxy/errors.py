@@ -14,9 +14,11 @@
         ├── Unauthorized          401
         ├── NotFound              404
         ├── BodyTooLarge          413
+        ├── Overloaded            429  listen.max_concurrent_requests are already in flight
         ├── UpstreamUnreachable   502
         ├── StoreUnavailable      503  the session store did not answer (served fail-open
         │                              unless the config says fail closed)
+        ├── ShuttingDown          503  the proxy ended the request at the end of its shutdown
         ├── UpstreamTimeout       504
         └── ProviderError         any  a provider's error through litellm (kind litellm),
                                        with its status as mapped (proxy.litellm_errors)
@@ -84,6 +86,14 @@ class BodyTooLarge(APIError):
     code = "request_too_large"
 
 
+class Overloaded(APIError):
+    """Refused before its body was read: the proxy is at its concurrency cap."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "proxy_overloaded"
+
+
 class UpstreamUnreachable(APIError):
     status_code = 502
     error_type = "upstream_error"
@@ -98,6 +108,14 @@ class StoreUnavailable(APIError):
     status_code = 503
     error_type = "server_error"
     code = "session_store_unavailable"
+
+
+class ShuttingDown(APIError):
+    """Still unanswered when the shutdown's grace period ran out."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "proxy_shutting_down"
 
 
 class UpstreamTimeout(APIError):

@@ -221,6 +221,7 @@ class Handler:
                     verdict = self.dialect.stream_overflow(head)
         except TimeoutError:
             response.close()
+            self.metrics.upstream_timeouts.labels("first_byte").inc()
             raise UpstreamTimeout(
                 f"upstream {upstream.name!r} sent no events within "
                 f"{upstream.timeouts.first_byte:g} s"

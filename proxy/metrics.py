@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -87,6 +87,23 @@ class Metrics:
             "Requests forwarded unchanged because their history is held upstream, by reason "
             "(previous_response_id, conversation).",
             ["dialect", "reason"],
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            "compaction_proxy_upstream_retries",
+            "Upstream requests tried again before any byte reached the client, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.upstream_timeouts = Counter(
+            "compaction_proxy_upstream_timeouts",
+            "Upstream requests that timed out, by the phase that took too long.",
+            ["phase"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "compaction_proxy_requests_in_flight",
+            "Requests being handled now (health, readiness and metrics probes aside).",
             registry=r,
         )
         self.summaries = Counter(

@@ -128,7 +128,7 @@ class Replay:
         store = MemoryStore(ttl_seconds=config.store.ttl_seconds)
         metrics = Metrics()
         self.sessions = Sessions(store, metrics)
-        self.client = UpstreamClient() if live else None
+        self.client = UpstreamClient(metrics) if live else None
         if self.client is not None:
             litellm_transport.register(self.client, config)
         summarizers = (

@@ -28,7 +28,7 @@ class Relay:
 
     `head` and `tail` are the first and the last few KiB of the body (a stream's usage is in
     one of them: Anthropic's at the start, OpenAI's at the end), `outcome` one of "complete",
-    "client_disconnected" or "upstream_broken".
+    "client_disconnected", "upstream_broken" or "ended" (by the proxy's shutdown).
     """
 
     def __init__(
@@ -47,18 +47,20 @@ class Relay:
         head, tail = bytearray(), bytearray()
         pump = asyncio.ensure_future(self._pump(send, head, tail))
         watch = asyncio.ensure_future(until_disconnect(receive))
-        done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
-        outcome = "client_disconnected"
+        outcome = "ended"  # the relay itself was cancelled (the shutdown ended it)
         try:
+            done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
             if pump in done:
-                watch.cancel()
                 outcome = "upstream_broken"  # unless the pump says otherwise
                 outcome = pump.result()
             else:
+                outcome = "client_disconnected"
+        finally:
+            watch.cancel()
+            if not pump.done():
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await pump
-        finally:
             # Whatever happened, the upstream response is closed and accounted for.
             aclose = getattr(self.chunks, "aclose", None)
             if aclose is not None:

@@ -77,7 +77,10 @@ class Cooldowns:
         return time.monotonic() < self._until.get(key, 0.0)
 
     def trip(self, key: str, seconds: float) -> None:
-        self._until[key] = time.monotonic() + seconds
+        now = time.monotonic()
+        # Breakers that have cooled down go: keys come from clients (models, tenants).
+        self._until = {k: until for k, until in self._until.items() if until > now}
+        self._until[key] = now + seconds
 
 
 class SummarizerFactory(Protocol):
@@ -112,6 +115,11 @@ class Summarizers:
             return None
         model = settings.model or request.parsed.model
         limits = self.limits.limits(model, chosen)
+        # The caller's credential only ever goes where the caller's request goes.
+        credentials = request.credentials if chosen is upstream else ()
+        # Failures with a caller's own credential (a wrong key, its own quota) trip the
+        # breaker of that caller only.
+        breaker = f"{chosen.name}/{model}" + (f"/{request.tenant}" if credentials else "")
         return LLMSummarizer(
             self.client,
             chosen,
@@ -119,8 +127,8 @@ class Summarizers:
             request.dialect if chosen is upstream else dialect_of_kind(chosen.kind),
             model,
             settings,
-            # The caller's credential only ever goes where the caller's request goes.
-            credentials=request.credentials if chosen is upstream else (),
+            credentials=credentials,
+            breaker=breaker,
             counter=limits.counter,
             window=limits.window,
             metrics=self.metrics,
@@ -146,6 +154,7 @@ class LLMSummarizer:
         settings: SummarizerSettings,
         *,
         credentials: Sequence[tuple[str, str]],
+        breaker: str,
         counter: policies.Counter,
         window: int,
         metrics: Metrics,
@@ -157,15 +166,12 @@ class LLMSummarizer:
         self.model = model
         self.settings = settings
         self.credentials = credentials  # held for this task only, never stored
+        self.breaker = breaker  # the key of its circuit breaker in `cooldowns`
         self.counter = counter
         self.window = window
         self.metrics = metrics
         self.cooldowns = cooldowns
         self.calls = 0
-
-    @property
-    def breaker(self) -> str:
-        return f"{self.upstream.name}/{self.model}"
 
     async def __call__(self, request: policies.SummaryRequest) -> str:
         previous = request.previous
@@ -236,7 +242,10 @@ class LLMSummarizer:
 
     async def _attempt(self, headers: list[tuple[str, str]], body: bytes) -> str:
         path = self.dialect.upstream_path
-        response = await self.client.open(self.upstream, "POST", path, "", list(headers), body)
+        # The summarizer's own retries stand in for the upstream's (the two would multiply).
+        response = await self.client.open(
+            self.upstream, "POST", path, "", list(headers), body, retries=0
+        )
         try:
             payload = await response.read(self.settings.timeout_seconds)
         finally:

@@ -8,6 +8,9 @@ redirects, and the URL is always the configured upstream's, whatever the client 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
@@ -16,6 +19,11 @@ from yarl import URL
 
 from .config import Upstream
 from .errors import StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from .metrics import Metrics
+from .pool import Progress, attempting, pooled_session
+from .retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
+
+log = logging.getLogger("compaction_proxy")
 
 # RFC 9110 section 7.6.1, plus the legacy Proxy-Connection.
 HOP_BY_HOP = frozenset(
@@ -133,29 +141,64 @@ class Transport(Protocol):
     ) -> UpstreamResponse: ...
 
 
-class UpstreamClient:
-    """One pooled aiohttp session for every upstream, and the transports of other kinds."""
+class BufferedResponse:
+    """An answer already read whole: an error the proxy read to decide against a retry."""
 
-    def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
-        self._session = session
+    def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self._status = status
+        self._headers = headers
+        self._body = body
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        return self._headers
+
+    async def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
+        if self._body:
+            yield self._body
+
+    async def read(self, idle_timeout: float) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _Again:
+    """An attempt to be made again after `wait` seconds."""
+
+    reason: str  # the metric's label
+    wait: float
+
+
+class UpstreamClient:
+    """A pooled aiohttp session per HTTP upstream (proxy.pool), and the transports of other
+    kinds. No credential is kept from one request for the next."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
         # By upstream kind: litellm (proxy.litellm_transport), registered by the app.
         self.transports: dict[str, Transport] = {}
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=None),
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-            )
-        return self._session
+    def session(self, upstream: Upstream) -> aiohttp.ClientSession:
+        session = self._sessions.get(upstream.name)
+        if session is None:
+            session = self._sessions[upstream.name] = pooled_session(upstream.max_connections)
+        return session
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            await session.close()
 
     async def open(
         self,
@@ -167,8 +210,11 @@ class UpstreamClient:
         body: bytes | None,
         *,
         reserved_output: int | None = None,
+        retries: int | None = None,
     ) -> UpstreamResponse:
-        """Send a request and wait for the response head (the first byte), within the timeouts.
+        """Send a request and wait for the response head (the first byte), within the timeouts,
+        trying again over HTTP as proxy.retries allows (`retries`: the upstream's own by
+        default).
 
         `path` is relative to the upstream's base URL (the part after `/v1`).
         `reserved_output` is the output the proxy reserved in the window for a request that
@@ -185,26 +231,106 @@ class UpstreamClient:
             # The upstream's key replaces whatever credential the client sent, in any header.
             headers = [(n, v) for n, v in headers if n.lower() not in CREDENTIAL_HEADERS]
             headers.append(own)
-        timeouts = upstream.timeouts
+        first_byte = upstream.timeouts.first_byte
+        budget = Retries(
+            upstream.retries if retries is None else retries, time.monotonic() + first_byte
+        )
+        target = URL(url, encoded=True)  # the path as the client encoded it, not re-quoted
+        progress = Progress()
         try:
-            async with asyncio.timeout(timeouts.first_byte):
-                response = await self.session.request(
-                    method,
-                    URL(url, encoded=True),  # the path as the client encoded it, not re-quoted
-                    data=body,
-                    headers=headers,
-                    allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
-                )
+            async with asyncio.timeout(first_byte):
+                while True:
+                    progress = Progress()
+                    attempting(progress)
+                    outcome = await self._attempt(
+                        upstream, method, target, headers, body, progress, budget
+                    )
+                    if not isinstance(outcome, _Again):
+                        return outcome
+                    self.metrics.upstream_retries.labels(outcome.reason).inc()
+                    log.info(
+                        "upstream retried",
+                        extra={"upstream": upstream.name, "reason": outcome.reason},
+                    )
+                    await asyncio.sleep(outcome.wait)
         except TimeoutError:
-            raise UpstreamTimeout(
-                f"upstream {upstream.name!r} sent no response within {timeouts.first_byte:g} s"
-            ) from None
+            raise self._timeout(upstream, progress.phase, first_byte) from None
+
+    async def _attempt(
+        self,
+        upstream: Upstream,
+        method: str,
+        url: URL,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        progress: Progress,
+        budget: Retries,
+    ) -> UpstreamResponse | _Again:
+        """One attempt: its answer, or when to try again; raises the client's error when the
+        request failed for good."""
+        try:
+            response = await self.session(upstream).request(
+                method,
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.timeouts.connect),
+            )
+        except aiohttp.ConnectionTimeoutError:
+            wait = budget.wait()
+            if wait is None:
+                raise self._timeout(upstream, "connect", upstream.timeouts.connect) from None
+            return _Again("connect", wait)
+        except aiohttp.ClientConnectorError as exc:
+            # Refused, unresolvable: the request never left.
+            wait = budget.wait()
+            if wait is None:
+                raise _unreachable(upstream, exc, budget) from None
+            return _Again("connect", wait)
+        except (
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            aiohttp.ClientConnectionResetError,
+        ) as exc:
+            # On a pooled connection, the upstream had closed it as the request went out.
+            # On a new one the upstream may have run the request: never twice.
+            wait = budget.wait() if progress.reused else None
+            if wait is None:
+                raise _unreachable(upstream, exc, budget) from None
+            return _Again("stale_connection", wait)
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamUnreachable(
-                f"upstream {upstream.name!r} is unreachable: {type(exc).__name__}"
-            ) from None
-        return HTTPResponse(response)
+            raise _unreachable(upstream, exc, budget) from None
+        if response.status not in RETRY_STATUSES or budget.left <= 0:
+            return HTTPResponse(response)
+        answer = HTTPResponse(response)
+        payload = await answer.read(upstream.timeouts.stream_idle)
+        answer.release()
+        wait = None
+        if not (response.status == 429 and is_quota_error(payload)):
+            wait = budget.wait(retry_after(answer.headers))
+        if wait is None:
+            return BufferedResponse(response.status, answer.headers, payload)
+        return _Again(f"status_{response.status}", wait)
+
+    def _timeout(self, upstream: Upstream, phase: str, seconds: float) -> UpstreamTimeout:
+        self.metrics.upstream_timeouts.labels(phase).inc()
+        name = upstream.name
+        if phase == "connect":
+            return UpstreamTimeout(f"upstream {name!r} accepted no connection within {seconds:g} s")
+        if phase == "pool":
+            return UpstreamTimeout(
+                f"upstream {name!r}: no free connection within {seconds:g} s "
+                f"(all {upstream.max_connections} in use)"
+            )
+        return UpstreamTimeout(f"upstream {name!r} sent no response within {seconds:g} s")
+
+
+def _unreachable(upstream: Upstream, exc: BaseException, budget: Retries) -> UpstreamUnreachable:
+    tries = f" ({budget.done + 1} attempts)" if budget.done else ""
+    return UpstreamUnreachable(
+        f"upstream {upstream.name!r} is unreachable: {type(exc).__name__}{tries}"
+    )
 
 
 async def body_chunks(

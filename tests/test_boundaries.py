@@ -1,9 +1,12 @@
 """What must never cross a boundary: a guessed budget into the session's stored plan, a client
-path out of the upstream's base URL, a client's credential to an upstream it did not call."""
+path out of the upstream's base URL, a client's credential to an upstream it did not call, a
+request's own max_tokens into a plan that strips the session."""
 
 from __future__ import annotations
 
 import httpx
+import orjson
+import pytest
 
 from tests.conftest import ConfigFactory, config_for, merged
 from tests.fake_upstream import SUMMARY_HEADER, FakeUpstream
@@ -85,3 +88,45 @@ def test_the_clients_credential_never_goes_to_another_summarizer_upstream(
         assert all(
             r.headers.get("authorization") == "Bearer sk-client-secret" for r in upstream.requests
         )
+
+
+@pytest.mark.parametrize("max_tokens", [0, -5, 7600, 8192])
+def test_a_max_tokens_that_leaves_no_room_never_strips_the_session(
+    upstream: FakeUpstream, server: object, http: httpx.Client, max_tokens: int
+) -> None:
+    # gpt-4: an 8192-token window counted exactly. The history (~1,600 tokens) is far below
+    # the compaction level of an ordinary request, and far above the 336 tokens that a
+    # max_tokens of 7600 would leave.
+    url = server.url + CHAT  # type: ignore[attr-defined]
+    messages = chat(16)
+    headers = {"X-Session-Id": f"max-tokens-{max_tokens}", "content-type": "application/json"}
+    raw = orjson.dumps({"model": "gpt-4", "messages": messages, "max_tokens": max_tokens})
+    first = http.post(url, content=raw, headers=headers)
+    assert first.headers["x-compaction-action"] == "none"
+    assert upstream.requests[-1].body == raw  # forwarded as it came, for the upstream to judge
+    if max_tokens > 0:  # the upstream's own answer: prompt and output exceed its window
+        assert first.status_code == 400
+        assert first.json()["error"]["code"] == "context_length_exceeded"
+    # The next turn, with room again: the whole history, no plan made for that request.
+    second = http.post(url, json={"model": "gpt-4", "messages": messages}, headers=headers)
+    assert second.status_code == 200
+    assert second.headers["x-compaction-action"] == "none"
+    assert upstream.requests[-1].json["messages"] == messages
+
+
+def test_one_callers_failing_summaries_never_stop_anothers(
+    upstream: FakeUpstream, server: object, http: httpx.Client
+) -> None:
+    # The caller's own credential goes to the summarizer: a wrong one fails every summary of
+    # that caller, and trips the summarizer's breaker for that caller alone.
+    url = server.url + CHAT  # type: ignore[attr-defined]
+    upstream.api_key = "sk-right"
+    body = {"model": "small-8k", "messages": chat(60)}
+    wrong = {"Authorization": "Bearer sk-wrong", "X-Session-Id": "breaker-a"}
+    assert http.post(url, json=body, headers=wrong).status_code == 401
+    assert upstream.summary_calls == 0  # refused before the summarizer saw them
+    right = {"Authorization": "Bearer sk-right", "X-Session-Id": "breaker-b"}
+    answer = http.post(url, json=body, headers=right)
+    assert answer.status_code == 200
+    assert answer.headers["x-compaction-action"] == "compacted"
+    assert upstream.summary_calls > 0

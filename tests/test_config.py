@@ -30,6 +30,9 @@ listen:
   host: 127.0.0.1
   port: 9000
   max_body_bytes: 1048576
+  max_concurrent_requests: 64
+  shutdown_delay_seconds: 2.5
+  shutdown_grace_seconds: 10
 store:
   url: redis://:${{CP_TEST_REDIS_PASSWORD}}@127.0.0.1:6379/2
   ttl_seconds: 3600
@@ -52,6 +55,8 @@ upstreams:
     kind: openai
     api_key: ${{CP_TEST_OPENAI_KEY}}
     timeouts: {{connect: 5, first_byte: 60, stream_idle: 30}}
+    retries: 1
+    max_connections: 32
   local:
     base_url: http://127.0.0.1:8001/v1
   bedrock:
@@ -117,6 +122,9 @@ def secrets(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     config = loads(FULL)
     assert (config.listen.port, config.listen.max_body_bytes) == (9000, 1048576)
+    listen = config.listen
+    assert listen.max_concurrent_requests == 64
+    assert (listen.shutdown_delay_seconds, listen.shutdown_grace_seconds) == (2.5, 10.0)
     assert config.store.url == f"redis://:{secrets['CP_TEST_REDIS_PASSWORD']}@127.0.0.1:6379/2"
     assert (config.store.fail_open, config.store.max_branches, config.store.key_prefix) == (
         False,
@@ -128,6 +136,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     openai = config.upstreams["openai"]
     assert openai.api_key == secrets["CP_TEST_OPENAI_KEY"]
     assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
+    assert (openai.retries, openai.max_connections) == (1, 32)
     assert openai.name == "openai" and config.upstreams["local"].api_key is None
     assert config.default_context_window == 16384
     model, alias = config.models
@@ -258,6 +267,22 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "    timeouts:\n      first_byte: -1\n",
             "upstreams.fake.timeouts.first_byte (<config>, line 5): must be positive",
+        ),
+        (
+            MINIMAL + "    retries: 11\n",
+            "upstreams.fake.retries (<config>, line 4): must be between 0 and 10",
+        ),
+        (
+            MINIMAL + "    max_connections: 0\n",
+            "upstreams.fake.max_connections (<config>, line 4): must be at least 1",
+        ),
+        (
+            MINIMAL + "listen:\n  max_concurrent_requests: 0\n",
+            "listen.max_concurrent_requests (<config>, line 5): must be at least 1",
+        ),
+        (
+            MINIMAL + "listen:\n  shutdown_grace_seconds: -1\n",
+            "listen.shutdown_grace_seconds (<config>, line 5): must not be negative",
         ),
         (
             "upstreams:\n  fake:\n    base_url: ftp://x/v1\n",

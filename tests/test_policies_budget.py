@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies import Policy
+from policies.budget import MIN_TARGET_TOKENS
 
 POLICY = {
     "reserved_output_tokens": 4096,
@@ -49,15 +52,31 @@ def test_levels_are_fractions_of_the_usable_budget() -> None:
 
 
 @pytest.mark.parametrize(
-    ("window", "max_tokens"), [(100, 500), (8192, 8192), (8192, 8100), (8192, 8091)]
+    ("window", "max_tokens"),
+    [(100, 500), (8192, 8192), (8192, 8100), (8192, 8091), (8192, 7900), (8192, 7524)],
 )
 def test_a_budget_without_room_for_a_prompt_is_not_usable(window: int, max_tokens: int) -> None:
-    """A max_tokens that takes the whole window leaves nothing to compact to: the request
-    must go upstream unchanged, never be compacted to nothing."""
+    """A max_tokens that takes (nearly) the whole window leaves (next to) nothing to compact
+    to: the request must go upstream unchanged, never be compacted to nothing."""
     b = budget(window=window, request_max_tokens=max_tokens)
     assert b.limit >= 0 and b.target_tokens >= 0
     assert not b.usable
     assert {b.status(tokens) for tokens in (0, 1, 10_000)} == {"ok"}
+
+
+@given(
+    window=st.integers(min_value=0, max_value=2_000_000),
+    max_tokens=st.none() | st.integers(min_value=-(2**63), max_value=2**63),
+)
+def test_a_usable_budget_always_leaves_room_to_compact_into(
+    window: int, max_tokens: int | None
+) -> None:
+    b = budget(window=window, request_max_tokens=max_tokens)
+    assert 0 <= b.target_tokens <= b.compact_tokens <= b.limit <= window
+    assert b.reserved_output >= 0
+    assert b.usable == (b.target_tokens >= MIN_TARGET_TOKENS)
+    if max_tokens is not None and max_tokens <= 0:  # nothing to reserve: the largest budget
+        assert b.limit == max(0, window - POLICY["safety_margin_tokens"])
 
 
 @pytest.mark.parametrize(

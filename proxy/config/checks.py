@@ -63,6 +63,10 @@ def _check_upstreams(config: Config, p: Problem) -> None:
         for field in dataclasses.fields(upstream.timeouts):
             if getattr(upstream.timeouts, field.name) <= 0:
                 p(("upstreams", name, "timeouts", field.name), "must be positive")
+        if not 0 <= upstream.retries <= 10:
+            p(("upstreams", name, "retries"), "must be between 0 and 10")
+        if upstream.max_connections < 1:
+            p(("upstreams", name, "max_connections"), "must be at least 1")
     if isinstance(config.default_upstream, str):
         if config.default_upstream not in config.upstreams:
             p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")
@@ -107,6 +111,11 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         p(("listen", "port"), "must be between 1 and 65535")
     if config.listen.max_body_bytes < 1024:
         p(("listen", "max_body_bytes"), "must be at least 1024")
+    if config.listen.max_concurrent_requests < 1:
+        p(("listen", "max_concurrent_requests"), "must be at least 1")
+    for key in ("shutdown_delay_seconds", "shutdown_grace_seconds"):
+        if getattr(config.listen, key) < 0:
+            p(("listen", key), "must not be negative")
     problem = _store_url_problem(config.store.url)
     if problem:
         p(("store", "url"), problem)

@@ -39,6 +39,9 @@ class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 32 * 1024 * 1024
+    max_concurrent_requests: int = 512
+    shutdown_delay_seconds: float = 5.0
+    shutdown_grace_seconds: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +137,8 @@ class Upstream:
     provider_model: str | None = None
     provider_params: dict[str, str] = dataclasses.field(default_factory=dict)
     prompt_cache: bool | None = None
+    retries: int = 2
+    max_connections: int = 512
     name: str = dataclasses.field(default="", init=False)
 
     @property

@@ -61,8 +61,14 @@ def openai_error_body(error: APIError) -> bytes:
     )
 
 
+# How deeply a body may nest. The proxy writes parts of a body back out, some inside its own
+# structures (stored plans), and orjson writes at most 254 levels: what passes here must too.
+MAX_DEPTH = 100
+
+
 def load_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object with a model, or OpenAI's 400 saying why not."""
+    """The body as a JSON object with a model, or OpenAI's 400 saying why not. Every dialect
+    reads its body here, so that what one accepts the proxy can always write back out."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -72,10 +78,28 @@ def load_object(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    if not _nests_within(body, MAX_DEPTH):
+        raise InvalidRequest(
+            f"The request body nests arrays and objects more than {MAX_DEPTH} levels deep, "
+            "more than this proxy accepts."
+        )
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
     return body
+
+
+def _nests_within(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    """Whether no array or object in `value` (itself level 1) is deeper than `limit`."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return False
+        for item in node.values() if isinstance(node, dict) else node:
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+    return True
 
 
 def optional_int(body: dict[str, Any], name: str) -> int | None:

@@ -1,0 +1,157 @@
+"""SIGTERM to `compaction-proxy serve`: not ready at once, still accepting for the delay, then
+in-flight requests finish within the grace period, endless ones are ended, and the exit is 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.redis_servers import free_port
+from tests.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
+
+SCRIPT = Path(sys.executable).parent / "compaction-proxy"
+DELAY, GRACE = 1.0, 2.0
+FINITE_EVENTS, EVENT_SECONDS = 6, 0.2  # a stream that ends within the grace period
+BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+async def streams(request: Request, writer: asyncio.StreamWriter) -> bool:
+    """`x-act: finite` a stream that ends, `endless` one that never does, else a quick answer."""
+    act = request.headers.get("x-act")
+    if act is None:
+        writer.write(response(200))
+        return True
+    writer.write(stream_head())
+    n = 0
+    while act == "endless" or n < FINITE_EVENTS:
+        n += 1
+        writer.write(event(f'{{"n": {n}}}'))
+        await writer.drain()
+        await asyncio.sleep(EVENT_SECONDS)
+    writer.write(event("[DONE]") + chunk(b""))
+    return True
+
+
+class Reader(threading.Thread):
+    """Reads one streamed answer through to its end, or its break."""
+
+    def __init__(self, url: str, act: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.act = url, act
+        self.body = b""
+        self.error: Exception | None = None
+        self.ended_at = 0.0
+        self.first = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream(
+                "POST", self.url, json=BODY, headers={"x-act": self.act}, timeout=20
+            ) as answer:
+                for part in answer.iter_raw():
+                    self.body += part
+                    self.first.set()
+        except httpx.HTTPError as exc:
+            self.error = exc
+        self.ended_at = time.monotonic()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, ScriptedUpstream]]:
+    with ScriptedUpstream(streams) as up:
+        port = free_port()
+        config = {
+            "upstreams": {"up": {"base_url": up.base_url}},
+            "listen": {"shutdown_delay_seconds": DELAY, "shutdown_grace_seconds": GRACE},
+        }
+        file = tmp_path / "config.yaml"
+        file.write_text(yaml.safe_dump(config))
+        process = subprocess.Popen(
+            [str(SCRIPT), "serve", "--config", str(file), "--port", str(port)],
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 20
+            while not ready(url):
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the proxy did not become ready"
+                time.sleep(0.05)
+            yield process, url, up
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_sigterm_drains_then_ends_what_is_left_and_exits_0(
+    proxy: tuple[subprocess.Popen[bytes], str, ScriptedUpstream],
+) -> None:
+    process, url, up = proxy
+    port = int(url.rsplit(":", 1)[1])
+    finite = Reader(url + "/v1/chat/completions", "finite")
+    endless = Reader(url + "/v1/chat/completions", "endless")
+    for reader in (finite, endless):
+        reader.start()
+        assert reader.first.wait(5)
+
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    # At once: not ready, so that a load balancer stops sending here ...
+    readyz = httpx.get(url + "/readyz", timeout=2)
+    assert readyz.status_code == 503 and readyz.json()["status"] == "draining"
+    # ... while what it still sends during the delay is served.
+    served = httpx.post(url + "/v1/chat/completions", json={**BODY, "stream": False})
+    assert served.status_code == 200
+    assert time.monotonic() - signalled < DELAY
+    # Then no new connection is accepted.
+    while accepts(port):
+        assert time.monotonic() - signalled < DELAY + 1, "still accepting after the delay"
+        time.sleep(0.05)
+    assert time.monotonic() - signalled >= DELAY - 0.1
+
+    # The stream that ends within the grace period is relayed whole.
+    finite.join(timeout=DELAY + GRACE + 2)
+    assert finite.error is None
+    assert finite.body.endswith(b"data: [DONE]\n\n")
+    assert finite.body.count(b"data: ") == FINITE_EVENTS + 1
+    # The endless one is cut off when the grace period is over, its upstream connection closed.
+    endless.join(timeout=DELAY + GRACE + 5)
+    assert not endless.is_alive()
+    assert isinstance(endless.error, httpx.RemoteProtocolError)
+    assert b"[DONE]" not in endless.body
+    assert DELAY + GRACE - 0.3 <= endless.ended_at - signalled < DELAY + GRACE + 2
+    assert up.wait_for(lambda: up.open == 0, timeout=2)
+
+    _, err = process.communicate(timeout=5)
+    assert process.returncode == 0, err
+    assert b"Traceback" not in err
+    assert time.monotonic() - signalled < DELAY + GRACE + 3
