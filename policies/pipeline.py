@@ -72,8 +72,11 @@ async def compact(
     for spec in policy.layers:
         if tokens <= ctx.target_tokens:
             break
-        plan, decision = await run_layer(spec, messages, plan, ctx)
-        if decision is not None:
+        changed, decision = await run_layer(spec, messages, plan, ctx)
+        # A layer that does not make the view smaller (a summary header outweighing the few
+        # tokens it would replace) is no step towards the target: its change is dropped.
+        if decision is not None and decision.tokens_after < tokens:
+            plan = changed
             decisions.append(decision)
             tokens = decision.tokens_after
     return Compaction(

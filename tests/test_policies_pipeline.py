@@ -86,6 +86,8 @@ def check(messages: list[dict], result: Compaction, *, window: int, target: floa
     if result.floor_tokens <= budget.target_tokens:
         assert result.tokens_after <= budget.target_tokens
     assert result.fits == (result.tokens_after <= budget.limit)
+    assert result.tokens_after <= result.tokens_before  # no layer makes the view bigger
+    assert all(d.tokens_after < d.tokens_before for d in result.decisions)
     if result.floor_tokens <= budget.limit:
         assert result.fits
     view_text = "\n".join(visible_text(m) for m in result.view)

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.cli import main
@@ -290,8 +290,30 @@ def small_window() -> Replay:
     return Replay(with_window(load(), 2048))
 
 
+# Found by this property: a summary header must never replace fewer tokens than it costs.
+TINY_THEN_A_HUGE_CALL = [
+    {"role": "system", "content": "ORDER-0000 the plan " * 8},
+    {"role": "assistant", "content": ""},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_user", "arguments": '{"query": "%s"}' % ("ab " * 1050)},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": ""},
+    {"role": "assistant", "content": ""},
+    {"role": "user", "content": ""},
+]
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(sessions=st.lists(conversations(max_rounds=10), min_size=1, max_size=3))
+@example(sessions=[TINY_THEN_A_HUGE_CALL])
 async def test_random_sessions_keep_the_proxy_invariants_turn_by_turn(
     sessions: list[list[dict[str, Any]]],
 ) -> None:
