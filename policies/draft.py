@@ -13,7 +13,7 @@ from policies.anchors import anchor_block
 from policies.context import Context
 from policies.decision import Decision
 from policies.message import Message, visible_text
-from policies.plan import ANCHOR_HEADING, Plan, header_message, render
+from policies.plan import ANCHOR_HEADING, Plan, applied_edit, header_message, render
 from policies.summary import Summary
 
 
@@ -31,7 +31,12 @@ class Draft:
         self.ctx = ctx
         self.cut = min(plan.cut, len(ctx.chain))
         self.summary = plan.summary
-        self.edits = dict(plan.edits)
+        # Stored edits apply to the messages as they are sent now (fields the chain does not
+        # hash may have changed since), so counts and the view are those of what goes out.
+        self.edits = {
+            p: e if e is None or p >= len(ctx.chain) else applied_edit(e, ctx.chain[p])
+            for p, e in plan.edits.items()
+        }
         self.anchor_block = plan.anchor_block
         self.anchor_cap = ctx.anchor_block_max_tokens
         self.changed: list[int] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.anchors import anchor_pattern
 from policies.budget import Budget
@@ -76,6 +76,9 @@ async def compact(
         if decision is not None:
             decisions.append(decision)
             tokens = decision.tokens_after
+    truncated = bool(lost_anchors(messages, plan, ctx))
+    if truncated != plan.anchors_truncated:
+        plan = replace(plan, anchors_truncated=truncated)
     return Compaction(
         plan=plan,
         view=render(messages, plan, summary_role=policy.summary_role),
@@ -83,7 +86,7 @@ async def compact(
         tokens_before=tokens_before,
         tokens_after=tokens,
         fits=tokens <= budget.limit,
-        anchors_complete=not lost_anchors(messages, plan, ctx),
+        anchors_complete=not truncated,
         degraded=any(d.detail.startswith("degraded") for d in decisions),
         floor_tokens=ctx.floor_tokens,
     )

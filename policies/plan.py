@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.conversation import is_system
-from policies.message import Message
+from policies.message import Message, call_arguments, call_function
 from policies.summary import Summary
 
 SUMMARY_HEADING = (
@@ -27,7 +27,9 @@ class Plan:
 
     Chain positions index the non-system messages. Positions before `cut` are replaced by
     `summary`; `edits` replace (or, with None, drop) later messages; `covered` is how many
-    chain positions the plan was computed over. The empty plan changes nothing.
+    chain positions the plan was computed over; `anchors_truncated` says that its view
+    lacks anchors of what it removed (they did not fit their cap), so that every response
+    built from it says so. The empty plan changes nothing.
     """
 
     cut: int = 0
@@ -35,6 +37,7 @@ class Plan:
     edits: Mapping[int, Message | None] = field(default_factory=dict)
     anchor_block: str | None = None
     covered: int = 0
+    anchors_truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (edit keys become strings)."""
@@ -46,6 +49,7 @@ class Plan:
             "edits": {str(position): edit for position, edit in self.edits.items()},
             "anchor_block": self.anchor_block,
             "covered": self.covered,
+            "anchors_truncated": self.anchors_truncated,
         }
 
     @classmethod
@@ -59,6 +63,8 @@ class Plan:
                 edits={int(k): v for k, v in data["edits"].items()},
                 anchor_block=data["anchor_block"],
                 covered=int(data["covered"]),
+                # Absent from plans stored before it was recorded.
+                anchors_truncated=data.get("anchors_truncated", False),
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a plan: {error!r}") from error
@@ -70,6 +76,8 @@ class Plan:
             raise ValueError("not a plan: an edit is neither a message nor null")
         if plan.anchor_block is not None and not isinstance(plan.anchor_block, str):
             raise ValueError("not a plan: anchor_block is not text")
+        if not isinstance(plan.anchors_truncated, bool):
+            raise ValueError("not a plan: anchors_truncated is not a boolean")
         return plan
 
 
@@ -114,10 +122,73 @@ def render_entries(
             header = None
         edit = plan.edits.get(position - 1, message)
         if edit is not None:
-            entries.append((index, edit))
+            entries.append((index, edit if edit is message else applied_edit(edit, message)))
     if header is not None:
         entries.append((None, header))
     return entries
+
+
+def applied_edit(edit: Message, message: Message) -> Message:
+    """A stored edit applied to `message` as the client sends it now: the edit replaces the
+    content and the tool calls (or leaves them out), and only where it changed them (a
+    cleared result's content, a truncated call's arguments, a cleared image); every other
+    field, and every part and call the edit left alone, comes from `message`. So a field
+    the chain does not hash (an unknown field, a text part's extra keys) is never replayed
+    stale. `edit` itself when that is what it comes to."""
+    applied: Message = {}
+    for key, value in message.items():
+        if key == "content":
+            applied[key] = _content(edit[key], value) if key in edit else value
+        elif key == "tool_calls":
+            if key in edit:  # else the edit removed the calls (the text of a dropped block)
+                applied[key] = _calls(edit[key], value)
+        else:
+            applied[key] = value
+    for key in ("content", "tool_calls"):
+        if key in edit and key not in message:
+            applied[key] = edit[key]
+    return edit if applied == edit else applied
+
+
+def _content(edited: Any, current: Any) -> Any:
+    if edited == current or not (
+        isinstance(edited, list) and isinstance(current, list) and len(edited) == len(current)
+    ):
+        return edited
+    pairs = zip(edited, current, strict=True)
+    return [now if _same_part(part, now) else part for part, now in pairs]
+
+
+def _same_part(part: Any, now: Any) -> bool:
+    """Whether the edit left this content part alone (text parts are the same by their text)."""
+    if part == now:
+        return True
+    return (
+        isinstance(part, dict)
+        and isinstance(now, dict)
+        and part.get("type") == now.get("type") == "text"
+        and part.get("text") == now.get("text")
+    )
+
+
+def _calls(edited: Any, current: Any) -> Any:
+    if edited == current or not (
+        isinstance(edited, list) and isinstance(current, list) and len(edited) == len(current)
+    ):
+        return edited
+    return [_call(call, now) for call, now in zip(edited, current, strict=True)]
+
+
+def _call(call: Any, now: Any) -> Any:
+    """The call as sent now, with the arguments the edit gave it (a truncation)."""
+    if call == now:
+        return now
+    if not (isinstance(call, dict) and isinstance(now, dict)):
+        return call
+    arguments = call_arguments(call)
+    if arguments == call_arguments(now):
+        return now
+    return {**now, "function": {**call_function(now), "arguments": arguments}}
 
 
 def render(messages: Sequence[Message], plan: Plan, *, summary_role: str = "user") -> list[Message]:

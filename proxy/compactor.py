@@ -152,6 +152,8 @@ class Compactor:
         result: policies.Compaction | None = None,
     ) -> Forward:
         request = turn.request
+        # A replayed plan says what it said when it was made: its anchors were cut.
+        plan = result.plan if result else turn.plan if entries is not None else None
         marks = request.policy.cache_breakpoints and request.dialect.marks_cache
         if entries is None and marks:
             entries = list(enumerate(request.messages))
@@ -167,7 +169,7 @@ class Compactor:
             tokens_before,
             tokens_after,
             result.decisions if result else (),
-            anchors_complete=result.anchors_complete if result else True,
+            anchors_complete=plan is None or not plan.anchors_truncated,
             reserved_output=turn.budget.reserved_output,
             window_source=turn.limits.window_source,
         )
