@@ -1,9 +1,9 @@
 """The mechanical digest: what a summary keeps, extracted by rules, when no LLM summary is made.
 
-It is rolling like a summary: a previous digest is parsed back and extended, a previous LLM
-summary is kept (shortened) under "Earlier summary". When the items do not fit in the cap,
-the newest are kept; messages are read newest first and only until the cap is spent, so a
-long evicted part costs no more than a short one.
+It is rolling like a summary: a previous digest is parsed back and extended (an LLM summary
+is never rewritten into it: the digest follows it, see `Summary.tail`). When the items do
+not fit in the cap, the newest are kept; messages are read newest first and only until the
+cap is spent, so a long evicted part costs no more than a short one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 from policies.counting import Counter
 from policies.message import Message, call_arguments, call_name, content_text, tool_calls
-from policies.summary import Summary
 
 REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN = (
     "User requests",
@@ -26,7 +25,6 @@ REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN = (
     "Open items",
 )
 SECTIONS = (REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN)
-EARLIER = "Earlier summary"
 MAX_TOKENS = 2048
 ITEM_TOKENS = 60  # one item is a line; a long request keeps its beginning
 VALUE_CHARS = 40
@@ -47,17 +45,14 @@ Item = tuple[str, str | dict[str, Any]]  # a section and its text, or a tool cal
 
 
 def digest(
-    previous: Summary | None, evicted: Sequence[Message], *, max_tokens: int, counter: Counter
+    previous: str | None, evicted: Sequence[Message], *, max_tokens: int, counter: Counter
 ) -> str:
-    """A structured digest of `previous` and `evicted` in about `max_tokens` tokens (at most
-    MAX_TOKENS: more rule-picked lines are mostly noise, and cost time to pick)."""
-    earlier, older = "", list[Item]()
-    if previous is not None and previous.kind == "digest":
-        earlier, older = _parse(previous.text)
-    elif previous is not None:
-        earlier = previous.text
+    """A structured digest of `evicted` rolled into `previous` (an earlier digest's text) in
+    about `max_tokens` tokens (at most MAX_TOKENS: more rule-picked lines are mostly noise,
+    and cost time to pick)."""
+    older = _parse(previous) if previous else []
     items = itertools.chain(_newest_first(evicted), reversed(older))
-    return _layout(earlier, items, min(max_tokens, MAX_TOKENS), counter)
+    return _layout(items, min(max_tokens, MAX_TOKENS), counter)
 
 
 def _newest_first(evicted: Sequence[Message]) -> Iterator[Item]:
@@ -118,29 +113,24 @@ def _short(text: str, counter: Counter) -> str:
     return head if head == text else head.rstrip() + "…"
 
 
-def _parse(text: str) -> tuple[str, list[Item]]:
-    """The earlier summary and the items (oldest first) of a digest made by this module."""
-    headings = {f"{name}:": name for name in (*SECTIONS, EARLIER)}
-    section, earlier = "", []
+def _parse(text: str) -> list[Item]:
+    """The items (oldest first) of a digest made by this module."""
+    # Lines before the first section heading are not items (digests stored by earlier
+    # versions may open with an "Earlier summary:" block).
+    headings = {f"{name}:": name for name in SECTIONS}
+    section = ""
     items: list[Item] = []
     for line in text.splitlines():
         if line in headings:
             section = headings[line]
-        elif section == EARLIER:
-            earlier.append(line)
         elif section and line.startswith("- "):
             items.append((section, line[2:]))
-    return "\n".join(earlier), items
+    return items
 
 
-def _layout(earlier: str, items: Iterable[Item], max_tokens: int, counter: Counter) -> str:
-    """The earlier summary (a third of the budget at most), then the newest items that fit,
-    by section, oldest first."""
+def _layout(items: Iterable[Item], max_tokens: int, counter: Counter) -> str:
+    """The newest items that fit, by section, oldest first."""
     budget = max_tokens
-    if earlier:
-        earlier = counter.head(earlier, max(0, budget // 3 - counter.text(EARLIER) - 2))
-    if earlier:
-        budget -= counter.text(earlier) + counter.text(EARLIER) + 2
     chosen: dict[tuple[str, str], int] = {}
     opened: set[str] = set()
     misses = 0
@@ -158,7 +148,7 @@ def _layout(earlier: str, items: Iterable[Item], max_tokens: int, counter: Count
         opened.add(section)
         budget -= cost
         misses = 0
-    blocks = [f"{EARLIER}:\n{earlier}"] if earlier else []
+    blocks = []
     for name in SECTIONS:
         lines = sorted((-age, line) for (kind, line), age in chosen.items() if kind == name)
         if lines:

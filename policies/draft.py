@@ -88,7 +88,7 @@ class Draft:
         """Replace the chain before `cut` by `summary`."""
         for position in range(self.cut, cut):
             self._body -= self.tokens_at(position)
-            self._lose(position, summary.text if summary is not None else "")
+            self._lose(position, summary.shown if summary is not None else "")
             self.changed.append(position)
         self.cut = cut
         self.set_summary(summary)

@@ -43,9 +43,7 @@ class Plan:
         """A JSON-able form (edit keys become strings)."""
         return {
             "cut": self.cut,
-            "summary": None
-            if self.summary is None
-            else {"text": self.summary.text, "kind": self.summary.kind},
+            "summary": None if self.summary is None else _summary_dict(self.summary),
             "edits": {str(position): edit for position, edit in self.edits.items()},
             "anchor_block": self.anchor_block,
             "covered": self.covered,
@@ -59,7 +57,7 @@ class Plan:
             summary = data["summary"]
             plan = cls(
                 cut=int(data["cut"]),
-                summary=None if summary is None else Summary(str(summary["text"]), summary["kind"]),
+                summary=None if summary is None else _summary_of(summary),
                 edits={int(k): v for k, v in data["edits"].items()},
                 anchor_block=data["anchor_block"],
                 covered=int(data["covered"]),
@@ -72,6 +70,11 @@ class Plan:
             raise ValueError("not a plan: a negative position")
         if plan.summary is not None and plan.summary.kind not in ("llm", "digest"):
             raise ValueError(f"not a plan: summary kind {plan.summary.kind!r}")
+        summary = plan.summary or Summary("", "llm")
+        if summary.tail is not None and (
+            not isinstance(summary.tail, str) or summary.kind != "llm"
+        ):
+            raise ValueError("not a plan: a summary's tail is text after an LLM summary")
         if not all(edit is None or isinstance(edit, dict) for edit in plan.edits.values()):
             raise ValueError("not a plan: an edit is neither a message nor null")
         if plan.anchor_block is not None and not isinstance(plan.anchor_block, str):
@@ -81,6 +84,17 @@ class Plan:
         return plan
 
 
+def _summary_dict(summary: Summary) -> dict[str, Any]:
+    data: dict[str, Any] = {"text": summary.text, "kind": summary.kind}
+    if summary.tail is not None:
+        data["tail"] = summary.tail
+    return data
+
+
+def _summary_of(data: Mapping[str, Any]) -> Summary:
+    return Summary(str(data["text"]), data["kind"], data.get("tail"))
+
+
 def header_message(
     summary: Summary | None, anchor_block: str | None, role: str = "user"
 ) -> Message | None:
@@ -88,7 +102,7 @@ def header_message(
     sections = []
     if summary is not None:
         heading = SUMMARY_HEADING if summary.kind == "llm" else DIGEST_HEADING
-        sections.append(f"{heading}\n{summary.text}")
+        sections.append(f"{heading}\n{summary.shown}")
     if anchor_block is not None:
         sections.append(f"{ANCHOR_HEADING}\n{anchor_block}")
     return {"role": role, "content": "\n\n".join(sections)} if sections else None

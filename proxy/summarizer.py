@@ -63,7 +63,7 @@ def transcript(messages: list[policies.Message]) -> str:
 
 
 def text_hash(summary: policies.Summary | None) -> str:
-    text = summary.text if summary else ""
+    text = summary.shown if summary else ""
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
@@ -185,7 +185,7 @@ class LLMSummarizer:
         """Groups of evicted messages whose prompt fits the summarizer's own window."""
         fixed = self.counter.text(SYSTEM_PROMPT) + request.max_tokens + 64
         if request.previous is not None:
-            fixed += self.counter.text(request.previous.text)
+            fixed += self.counter.text(request.previous.shown)
         room = max(256, self.window - fixed - max(256, self.window // 10))
         chunks: list[list[policies.Message]] = [[]]
         size = 0
@@ -265,6 +265,8 @@ def _prompt(
     if previous is not None:
         kind = "summary" if previous.kind == "llm" else "mechanical digest"
         parts.append(f"Previous {kind}:\n{previous.text}")
+        if previous.tail:
+            parts.append(f"Mechanical digest of the messages after that summary:\n{previous.tail}")
     parts.append(f"New messages:\n{transcript(messages)}")
     if instructions:
         parts.append(f"Additional instructions for this summary:\n{instructions}")

@@ -1,10 +1,10 @@
-"""The mechanical digest: its sections, its cap, and how it rolls earlier summaries in."""
+"""The mechanical digest: its sections, its cap, and how it rolls an earlier digest in."""
 
 from __future__ import annotations
 
 import json
 
-from policies import Summary, digest
+from policies import digest
 from tests.conversations import CharCounter
 
 COUNTER = CharCounter()
@@ -69,7 +69,7 @@ def test_digest_shortens_long_items() -> None:
 def test_a_previous_digest_is_extended() -> None:
     first = digest(None, EVICTED, max_tokens=500, counter=COUNTER)
     more = [{"role": "user", "content": "Also add insurance."}]
-    rolled = digest(Summary(first, "digest"), more, max_tokens=500, counter=COUNTER)
+    rolled = digest(first, more, max_tokens=500, counter=COUNTER)
     assert rolled.splitlines()[:3] == [
         "User requests:",
         "- Please book flight HAT123 for Mia. I prefer aisle seats.",
@@ -78,13 +78,10 @@ def test_a_previous_digest_is_extended() -> None:
     assert "- book: Error: payment failed (card 7447)" in rolled.splitlines()
 
 
-def test_a_previous_llm_summary_is_kept_first_and_shortened() -> None:
-    previous = Summary("Goal: book a trip for Mia. " * 40, "llm")
-    rolled = digest(previous, EVICTED, max_tokens=300, counter=COUNTER)
-    earlier, _, rest = rolled.partition("\nUser requests:\n")
-    assert earlier.startswith("Earlier summary:\nGoal: book a trip for Mia.")
-    assert COUNTER.text(earlier) <= 100
-    assert "- I will book HAT123 now." in rest
+def test_an_earlier_summary_block_of_an_older_digest_is_not_taken_for_items() -> None:
+    older = "Earlier summary:\n- Goal: a trip\nUser requests:\n- Add insurance."
+    rolled = digest(older, [], max_tokens=300, counter=COUNTER)
+    assert rolled == "User requests:\n- Add insurance."
 
 
 def test_nothing_to_tell_is_an_empty_digest() -> None:

@@ -330,6 +330,8 @@ def test_plan_round_trips_through_json() -> None:
     )
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     assert Plan.from_dict(Plan().to_dict()) == Plan()
+    tailed = Plan(cut=2, summary=Summary("s", "llm", "User requests:\n- x"), covered=3)
+    assert Plan.from_dict(json.loads(json.dumps(tailed.to_dict()))) == tailed
     cut = Plan(cut=1, anchor_block="x", covered=2, anchors_truncated=True)
     assert Plan.from_dict(json.loads(json.dumps(cut.to_dict()))) == cut
     # A plan stored before the proxy recorded truncated anchors still loads.
@@ -351,6 +353,13 @@ def test_plan_round_trips_through_json() -> None:
         {"cut": 1, "summary": None, "edits": {"1": "text"}, "anchor_block": None, "covered": 1},
         {"cut": 1, "summary": None, "edits": [], "anchor_block": None, "covered": 1},
         {"cut": 1, "summary": None, "edits": {}, "anchor_block": 3, "covered": 1},
+        {
+            "cut": 1,
+            "summary": {"text": "s", "kind": "digest", "tail": "t"},
+            "edits": {},
+            "anchor_block": None,
+            "covered": 1,
+        },
         {
             "cut": 1,
             "summary": None,

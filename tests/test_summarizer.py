@@ -4,12 +4,14 @@ retries, the cooldown, and summaries made ahead of time (docs/compaction.md, `su
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import pytest
 
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
+from policies.summary import TAIL_HEADING
 from proxy.summarizer import SYSTEM_PROMPT
 from tests.conversations import words
 from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
@@ -120,6 +122,40 @@ def test_after_a_failure_the_summarizer_cools_down_then_rolls_the_digest_in() ->
         (branch,) = h.state(chat.key).branches
         assert branch.plan.summary is not None
         assert branch.plan.summary.text == "SUMMARY-2: all good again."
+
+
+def test_a_degraded_compaction_keeps_the_previous_summary_as_it_was() -> None:
+    settings = {"retries": 0, "cooldown_seconds": 0.01}
+    with harness(policies={"default": {**NO_PREPARE, "summarizer": settings}}) as h:
+        # A summarizer that keeps every turn's number it is shown: the facts of the session.
+        def facts(n: int) -> str:
+            seen = dict.fromkeys(re.findall(r"Turn \d+", h.summaries.prompts[-1]))
+            return f"SUMMARY-{n}: " + ", ".join(seen)
+
+        h.summaries.answer = facts
+        chat = h.conversation()
+        chat.until("compacted")
+        first = h.state(chat.key).branches[0].plan.summary
+        assert first is not None and first.kind == "llm"
+        before = set(re.findall(r"Turn \d+", header_text(h.forwarded()[-1])))
+
+        h.summaries.answer = lambda n: RuntimeError("boom")
+        chat.until("degraded")
+        header = header_text(h.forwarded()[-1])
+        # The summary stays whole (its facts with it); the newly evicted part follows it.
+        assert header.startswith(f"{SUMMARY_HEADING}\n{first.text}\n\n{TAIL_HEADING}\n")
+        assert before <= set(re.findall(r"Turn \d+", header))
+        (branch,) = h.state(chat.key).branches
+        summary = branch.plan.summary
+        assert summary is not None and summary.text == first.text and summary.tail
+
+        h.summaries.answer = facts
+        chat.until("compacted")
+        prompt = h.summaries.prompts[-1]
+        assert f"Previous summary:\n{first.text}\n\n" in prompt
+        assert f"Mechanical digest of the messages after that summary:\n{summary.tail}" in prompt
+        (branch,) = h.state(chat.key).branches
+        assert branch.plan.summary is not None and branch.plan.summary.tail is None
 
 
 # -- ahead of time -----------------------------------------------------------------------------
