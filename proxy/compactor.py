@@ -18,7 +18,7 @@ import policies
 from policies.memory import memory_candidates
 
 from .ahead import PreparedSummaries
-from .calibration import Calibration, in_counted_tokens
+from .calibration import Calibration
 from .dialects import Entries
 from .errors import ContextLengthExceeded
 from .limits import ModelLimits
@@ -117,6 +117,11 @@ class Compactor:
         forward = await self._compact(turn, previous.tokens_before, None, target)
         return dataclasses.replace(forward, can_retry=False)
 
+    def calibrate(self, request: ClientRequest, forward: Forward, upstream_tokens: int) -> None:
+        """The upstream counted `upstream_tokens` for what was forwarded: learn from it."""
+        exact = self.limits.limits(request.parsed.model).counter.mode == "exact"
+        self.calibration.observe(request.key, upstream_tokens, forward.tokens_after, exact=exact)
+
     async def _turn(self, request: ClientRequest) -> Turn:
         limits = self.limits.limits(request.parsed.model, request.upstream)
         if request.window is not None:
@@ -125,8 +130,9 @@ class Compactor:
         budget = request.policy.compaction.budget(
             limits.window, limits.max_output, request.parsed.max_output
         )
-        ratio = self.calibration.ratio(request.key) or loaded.state.calibration or 1.0
-        budget = in_counted_tokens(budget, ratio)
+        exact = limits.counter.mode == "exact"
+        ratio = self.calibration.ratio(request.key, loaded.state.calibration, exact=exact)
+        budget = budget.scaled(ratio)
         messages = request.messages
         keys = content_keys(messages)
         counts = limits.counter.counts(messages, keys)
@@ -238,7 +244,7 @@ class Compactor:
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]
         branch = Branch(new, turn.chain.prefix(new.covered), time.time())
-        calibration = self.calibration.ratio(request.key)
+        calibration = self.calibration.known(request.key)
         decisions = [decision_record(d) for d in result.decisions]
         candidates = memory_candidates(evicted)
 
