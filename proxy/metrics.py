@@ -112,6 +112,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.cooldowns = Counter(
+            "compaction_proxy_summarizer_cooldowns",
+            "Summarizer breakers tripped after repeated failure, by what was cooled: one"
+            " credential (refused or rate-limited) or one upstream (errors, timeouts).",
+            ["scope"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

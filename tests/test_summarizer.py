@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
@@ -15,7 +16,7 @@ from policies.summary import TAIL_HEADING
 from proxy.summarizer import SYSTEM_PROMPT
 from tests.conversations import words
 from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
-from tests.harness import MODEL, harness, header_text, prepare_ahead, said
+from tests.harness import MODEL, SESSION_HEADER, harness, header_text, history, prepare_ahead, said
 
 NO_PREPARE = {"prepare_at": 0.85}  # every summary is made on the request path
 
@@ -47,6 +48,22 @@ def test_summaries_roll_each_into_the_next() -> None:
         assert {r.headers["authorization"] for r in summaries} == {"Bearer sk-test"}
         # Only what was evicted is summarised: the newest turns are not in the prompt.
         assert said(chat.turns - 1) not in h.summaries.prompts[1]
+
+
+def test_a_credential_sent_as_api_key_reaches_the_summarizer() -> None:
+    # Azure's clients send their key as `api-key`; the summary carries the same header.
+    with harness(policies={"default": NO_PREPARE}) as h:
+        response = httpx.post(
+            h.url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": history(24)},
+            headers={"api-key": "azure-key-1", SESSION_HEADER: "azure"},
+        )
+        assert response.status_code == 200
+        assert response.headers["x-compaction-action"] == "compacted"
+        (summary,) = [r for r in h.up.requests if r.headers.get("x-compaction-summary") == "1"]
+        assert summary.headers["api-key"] == "azure-key-1"
+        assert "authorization" not in summary.headers
+        assert h.up.requests[-1].headers["api-key"] == "azure-key-1"  # the main call too
 
 
 FAILURES: dict[str, tuple[Any, float, str]] = {  # the answer, its delay, the metric's outcome
