@@ -1,10 +1,16 @@
-"""Summaries prepared ahead of time, so that a compaction needs no LLM call on its request.
+"""Summaries made off the request path: prepared ahead of time, and finished after a request
+stopped waiting for them.
 
 When a session reaches `prepare_at`, a background task summarises the part that the next
 compaction will most likely evict, single-flight across replicas (the session's lock), and
 stores it with the chain hash of the prefix it covers. At compaction it replaces the LLM call
 whenever that prefix still starts the conversation; what lies past its end is rolled in as a
 digest.
+
+A request waits for a summary only `summarizer.request_wait_seconds` (`Bounded`): then its
+compaction degrades to a digest, the summary is finished in the background (retries with
+their full timeout) and, when it comes, takes the digest's place in the session's plan for
+the next turns.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ import asyncio
 import dataclasses
 import functools
 import logging
+from collections.abc import Coroutine
 
 import policies
 
+from .errors import SummaryPending
+from .metrics import Metrics
 from .sessions import Sessions
-from .state import Prepared
+from .state import Prepared, SessionState
 from .summarizer import SummarizerFactory, lock_seconds, text_hash
 from .turn import Turn
 
@@ -25,9 +34,12 @@ log = logging.getLogger("compaction_proxy")
 
 
 class PreparedSummaries:
-    def __init__(self, sessions: Sessions, summarizers: SummarizerFactory) -> None:
+    def __init__(
+        self, sessions: Sessions, summarizers: SummarizerFactory, metrics: Metrics
+    ) -> None:
         self.sessions = sessions
         self.summarizers = summarizers
+        self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -42,27 +54,63 @@ class PreparedSummaries:
             return
         if any(task.get_name() == key for task in self._background):
             return
-        # Kept referenced until done, cancelled at shutdown.
-        task = asyncio.create_task(self._prepare(turn, tokens), name=key)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(self._prepare(turn, tokens), key)
 
     async def wait(self) -> None:
         """Until the summaries being prepared now are done (an offline replay waits for them
         as a client waits for its answer)."""
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    def summarizer(self, turn: Turn, *, use_prepared: bool) -> policies.Summarizer | None:
-        """The request's summarizer, answering from the prepared summary where it applies."""
+    def bounded(self, turn: Turn) -> Bounded | None:
+        """The request's summarizer, as long as the request may wait for it (None: the
+        mechanical digest stands in for summaries)."""
         llm = self.summarizers.for_request(turn.request)
+        wait = turn.request.policy.summarizer.request_wait_seconds
+        return None if llm is None else Bounded(llm, wait)
+
+    def summarizer(
+        self, turn: Turn, llm: policies.Summarizer | None, *, use_prepared: bool
+    ) -> policies.Summarizer | None:
+        """`llm`, answering from the prepared summary where it applies."""
         prepared = turn.loaded.state.prepared
         if llm is None or prepared is None or not use_prepared:
             return llm
         return functools.partial(_with_prepared, llm, prepared, turn.chain, turn.limits.counter)
 
+    def settle(self, turn: Turn, plan: policies.Plan, late: Late) -> None:
+        """When the summary the request stopped waiting for comes, put it in place of the
+        digest that `plan`, as saved, holds (in the background)."""
+        self._spawn(self._settle(turn, plan, late), f"settle:{turn.request.key}")
+
+    def _spawn(self, work: Coroutine[None, None, None], name: str) -> None:
+        # Kept referenced until done, cancelled at shutdown.
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _settle(self, turn: Turn, plan: policies.Plan, late: Late) -> None:
+        try:
+            text = await late.task
+        except Exception:  # the summarizer's metrics and log say why; the digest stays
+            return
+        settled = turn.settle(plan, late.request, text)
+        if settled is None:
+            return
+
+        def apply(state: SessionState) -> SessionState:
+            branch = state.branch(turn.chain)
+            if branch is None or branch.plan != plan:
+                return state  # compacted again meanwhile: that plan rolled the digest in
+            new = dataclasses.replace(branch, plan=settled)
+            branches = tuple(new if b is branch else b for b in state.branches)
+            return dataclasses.replace(state, branches=branches)
+
+        if await self.sessions.update(turn.request.key, apply):
+            self.metrics.compaction_summaries.labels("settled").inc()
+
     async def _prepare(self, turn: Turn, tokens: int) -> None:
         request = turn.request
-        llm = self.summarizer(turn, use_prepared=False)
+        llm = self.summarizers.for_request(request)
         if llm is None:
             return  # nothing to prepare: the digest is made on the request path
         ttl = lock_seconds(request.policy)
@@ -96,6 +144,44 @@ class PreparedSummaries:
             log.warning("summary ahead of time failed", extra={"error": type(exc).__name__})
         finally:
             await self.sessions.unlock(request.key, fence)
+
+
+@dataclasses.dataclass(frozen=True)
+class Late:
+    """A summary the request path stopped waiting for, still being made."""
+
+    request: policies.SummaryRequest
+    task: asyncio.Task[str]
+
+
+class Bounded:
+    """A summarizer that the request path waits for at most `wait` seconds: a summary not
+    ready by then goes on in the background (`late`), and the request degrades."""
+
+    def __init__(self, llm: policies.Summarizer, wait: float) -> None:
+        self.llm = llm
+        self.wait = wait
+        self.calls = 0
+        self.late: Late | None = None
+
+    async def __call__(self, request: policies.SummaryRequest) -> str:
+        self.calls += 1
+        task = asyncio.ensure_future(self.llm(request))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.wait)
+        except TimeoutError:
+            self.drop()
+            self.late = Late(request, task)
+            raise SummaryPending(f"no summary within {self.wait:g} s") from None
+        except asyncio.CancelledError:
+            task.cancel()  # the request went away: nobody will use it
+            raise
+
+    def drop(self) -> None:
+        """Stop the late summary, when there is nothing to use it for."""
+        if self.late is not None:
+            self.late.task.cancel()
+            self.late = None
 
 
 def _prepared_for(prepared: Prepared | None, turn: Turn) -> bool:

@@ -17,7 +17,7 @@ import time
 import policies
 from policies.memory import memory_candidates
 
-from .ahead import PreparedSummaries
+from .ahead import Bounded, PreparedSummaries
 from .calibration import Calibration
 from .dialects import Entries
 from .errors import ContextLengthExceeded
@@ -184,6 +184,8 @@ class Compactor:
         self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None
     ) -> Forward:
         request = turn.request
+        llm = self.prepared.bounded(turn)
+        saved: policies.Plan | None = None  # a degraded plan, as stored
         fence = None
         if turn.loaded.available:
             ttl = lock_seconds(request.policy)
@@ -197,7 +199,7 @@ class Compactor:
                     return replayed
             result = await turn.compact(
                 # Instructions are for a new summary: a prepared one never saw them.
-                self.prepared.summarizer(turn, use_prepared=not instructions),
+                self.prepared.summarizer(turn, llm, use_prepared=not instructions),
                 instructions=instructions or None,
                 target_tokens=target,
             )
@@ -210,16 +212,35 @@ class Compactor:
                 # the request as it is and let the upstream judge. Nothing is stored: a plan
                 # made from a wrong guess would strip every later turn of the session.
                 return self._forward(turn, None, "none", tokens_before, tokens_before)
+            written = False
             if result.plan != turn.plan or instructions is not None:
-                await self._save(turn, result, fence)
+                written = await self._save(turn, result, fence)
+            saved = result.plan if written and result.degraded else None
         finally:
             if fence is not None:
                 await self.sessions.unlock(request.key, fence)
+            # A summary that came too late takes the place of the digest it left, once done.
+            if llm is not None and llm.late is not None and saved is not None:
+                self.prepared.settle(turn, saved, llm.late)
+            elif llm is not None:
+                llm.drop()
+        self._count_summary(result, llm)
         action = "degraded" if result.degraded else "compacted"
         entries = policies.render_entries(
             request.messages, result.plan, summary_role=request.policy.compaction.summary_role
         )
         return self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
+
+    def _count_summary(self, result: policies.Compaction, llm: Bounded | None) -> None:
+        """What stood for the evicted history of a compaction that summarised it."""
+        detail = next((d.detail for d in result.decisions if d.layer == "summarize"), "")
+        if detail == "llm":
+            kind = "llm" if llm is not None and llm.calls else "prepared"
+        elif detail.startswith("degraded"):
+            kind = "digest"
+        else:
+            return
+        self.prepared.metrics.compaction_summaries.labels(kind).inc()
 
     async def _replayed_after_wait(self, turn: Turn, tokens_before: int) -> Forward | None:
         """The session's new plan replayed, when another request changed it meanwhile and it
@@ -236,7 +257,8 @@ class Compactor:
             return None
         return self._forward(turn, entries, "replayed", tokens_before, tokens)
 
-    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> None:
+    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> bool:
+        """Store the compaction's plan for its branch; whether it was written."""
         request = turn.request
         old, new = turn.plan, result.plan
         chain = [m for m in request.messages if not policies.is_system(m)]
@@ -259,7 +281,7 @@ class Compactor:
                 calibration=calibration or state.calibration,
             )
 
-        await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
+        return await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
 
 
 def _overflow_message(turn: Turn, result: policies.Compaction) -> str:

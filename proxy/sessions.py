@@ -103,13 +103,17 @@ class Sessions:
         loaded: Loaded | None = None,
     ) -> bool:
         """Compare-and-set `change(state)`, re-reading on a conflict (a capped number of
-        times): whether it was written. `loaded` is the state the caller already read."""
+        times): whether it was written. `loaded` is the state the caller already read; a
+        change that returns the state itself writes nothing."""
         for _ in range(CAS_ATTEMPTS):
             if loaded is None:
                 loaded = await self.load(key)
             if not loaded.available:
                 return False
-            data = change(loaded.state).to_bytes()
+            changed = change(loaded.state)
+            if changed is loaded.state:
+                return False
+            data = changed.to_bytes()
             try:
                 written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
             except StoreUnavailable:

@@ -4,7 +4,9 @@ retries, the cooldown, and summaries made ahead of time (docs/compaction.md, `su
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 import time
 from typing import Any
 
@@ -173,6 +175,39 @@ def test_a_degraded_compaction_keeps_the_previous_summary_as_it_was() -> None:
         assert f"Mechanical digest of the messages after that summary:\n{summary.tail}" in prompt
         (branch,) = h.state(chat.key).branches
         assert branch.plan.summary is not None and branch.plan.summary.tail is None
+
+
+def test_a_request_waits_for_its_summary_no_longer_than_its_bound() -> None:
+    # The first attempt fails at once; its retry does not answer until the test says so.
+    release = threading.Event()
+
+    def answer(n: int) -> Any:
+        async def when_released() -> str:
+            await asyncio.to_thread(release.wait)
+            return f"SUMMARY-{n}: finished in the background."
+
+        return RuntimeError("boom") if n == 1 else when_released()
+
+    settings = {"request_wait_seconds": 0.3, "timeout_seconds": 20, "retries": 1}
+    with harness(policies={"default": {**NO_PREPARE, "summarizer": settings}}) as h:
+        h.summaries.answer = answer
+        chat = h.conversation(rounds=24)
+        headers = chat.say()
+        # Served with the digest while the retry is still being made.
+        assert headers["x-compaction-action"] == "degraded"
+        assert h.up.summary_calls == 2 and not release.is_set()
+        assert header_text(h.forwarded()[-1]).startswith(DIGEST_HEADING)
+        assert h.metric("compaction_proxy_compaction_summaries_total", summary="digest") == 1
+
+        release.set()
+        h.wait_for(lambda: h.state(chat.key).branches[0].plan.summary.kind == "llm")
+        (branch,) = h.state(chat.key).branches
+        assert branch.plan.summary.text == "SUMMARY-2: finished in the background."
+        assert h.metric("compaction_proxy_compaction_summaries_total", summary="settled") == 1
+        # From the next turn on the summary stands where the digest stood.
+        assert chat.say()["x-compaction-action"] == "replayed"
+        assert header_text(h.forwarded()[-1]) == f"{SUMMARY_HEADING}\n{branch.plan.summary.text}"
+        assert h.up.summary_calls == 2
 
 
 # -- ahead of time -----------------------------------------------------------------------------
