@@ -61,7 +61,7 @@ class Draft:
         return self.ctx.fixed_tokens + self.ctx.system_tokens + self.header + self._body + lost
 
     def over(self, goal: int | None = None) -> bool:
-        return self.tokens > (self.ctx.target_tokens if goal is None else goal)
+        return self.tokens > (self.ctx.aim_tokens if goal is None else goal)
 
     def current(self, position: int) -> Message | None:
         """The message at `position` as the view shows it (None when evicted or dropped)."""

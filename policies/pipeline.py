@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from policies.anchors import anchor_pattern
 from policies.budget import Budget
-from policies.context import Context, protected_start
+from policies.context import Context, protected_start, turn_growth
 from policies.conversation import current_turn, current_turn_start, is_system, tool_blocks
 from policies.counting import Counter
 from policies.decision import Decision
@@ -52,9 +52,12 @@ async def compact(
     summarizer: Summarizer | None = None,
     instructions: str | None = None,
     target_tokens: int | None = None,
+    ahead_tokens: int = 0,
     message_tokens: Sequence[int] | None = None,
 ) -> Compaction:
-    """Compact `messages`, starting from `plan`, down to the target (budget's or the given).
+    """Compact `messages`, starting from `plan`, down to the policy's aim for this
+    conversation (`Policy.aim`), or to the given target; with `ahead_tokens`, as if the
+    conversation had already grown by that much.
 
     The layers only add to `plan`: its cut and its edits grow, nothing it did is undone.
     """
@@ -65,6 +68,7 @@ async def compact(
         budget=budget,
         fixed_tokens=fixed_tokens,
         target_tokens=target_tokens,
+        ahead_tokens=ahead_tokens,
         summarizer=summarizer,
         instructions=instructions,
         message_tokens=message_tokens,
@@ -72,7 +76,7 @@ async def compact(
     tokens_before = tokens = Draft(messages, plan, ctx).tokens
     decisions: list[Decision] = []
     for spec in policy.layers:
-        if tokens <= ctx.target_tokens:
+        if tokens <= ctx.aim_tokens:
             break
         plan, decision = await run_layer(spec, messages, plan, ctx)
         if decision is not None:
@@ -160,11 +164,12 @@ def make_context(
     budget: Budget,
     fixed_tokens: int = 0,
     target_tokens: int | None = None,
+    ahead_tokens: int = 0,
     summarizer: Summarizer | None = None,
     instructions: str | None = None,
     message_tokens: Sequence[int] | None = None,
 ) -> Context:
-    """The context the layers of `policy` work in for this request.
+    """The context the layers of `policy` work in for this request (see `compact`).
 
     `message_tokens`, each message's count, spares counting again what the caller counted.
     """
@@ -173,7 +178,12 @@ def make_context(
     counted = list(zip(messages, message_tokens, strict=True))
     chain = tuple(m for m, _ in counted if not is_system(m))
     chain_tokens = tuple(t for m, t in counted if not is_system(m))
-    target = budget.target_tokens if target_tokens is None else target_tokens
+    if target_tokens is None:
+        target = budget.target_tokens
+        aim = policy.aim(budget, turn_growth(chain_tokens, chain))
+    else:
+        target = aim = target_tokens
+    target, aim = max(1, target - ahead_tokens), max(1, aim - ahead_tokens)
     turn_start = current_turn_start(chain)
     turn = current_turn(chain)
     task = turn[0] if turn and turn[0] < turn_start else None
@@ -184,6 +194,7 @@ def make_context(
         system_tokens=sum(t for m, t in counted if is_system(m)),
         fixed_tokens=fixed_tokens,
         target_tokens=target,
+        aim_tokens=aim,
         limit_tokens=budget.limit,
         turn_start=turn_start,
         task=task,

@@ -126,8 +126,7 @@ class PreparedSummaries:
                 return text
 
             # Evict as if the conversation had already grown to the compaction level.
-            ahead = turn.budget.compact_tokens - tokens
-            await turn.compact(recording, target_tokens=max(1, turn.budget.target_tokens - ahead))
+            await turn.compact(recording, ahead_tokens=max(0, turn.budget.compact_tokens - tokens))
             if made:
                 last, text = made[-1]
                 prepared = Prepared(

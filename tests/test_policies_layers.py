@@ -42,7 +42,7 @@ from tests.conversations import (
 )
 
 COUNTER = CharCounter()
-POLICY = Policy(anchors=(ANCHOR,))
+POLICY = Policy(anchors=(ANCHOR,), headroom_turns=0)  # each layer aims at the target
 SYSTEM = {"role": "system", "content": "You are a helpful agent."}
 
 

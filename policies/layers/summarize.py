@@ -136,7 +136,7 @@ def choose_cut(draft: Draft, params: SummarizeParams, *, kept: Summary | None = 
             + output_cap(previous + removed, ctx, params)
             + min(anchors, ctx.anchor_block_max_tokens)
         )
-        if rest - removed + cost <= ctx.target_tokens:
+        if rest - removed + cost <= ctx.aim_tokens:
             if role == "user":
                 return cut
             first = first if first > draft.cut else cut

@@ -29,7 +29,7 @@ class TrimHeadParams:
 async def trim_head(draft: Draft, params: TrimHeadParams) -> str:
     ctx = draft.ctx
     for unit in _units(draft):
-        if not draft.over():
+        if not draft.over(ctx.target_tokens):  # never drops messages for a lower aim
             break
         for position, _ in draft.candidates(unit):
             draft.set(position, None)
