@@ -137,7 +137,7 @@ def settle(
     before = draft.tokens
     rest = [media_as_labels(ctx.chain[p]) for p in range(request.end, plan.cut)]
     params = next((p for n, p in policy.layers if n == "summarize"), SummarizeParams())
-    cap = output_cap(sum(ctx.chain_tokens[request.end : plan.cut]), ctx, params)
+    cap = output_cap(0, sum(ctx.chain_tokens[request.end : plan.cut]), ctx, params)
     tail = digest(None, rest, max_tokens=cap, counter=counter) if rest else ""
     draft.set_summary(Summary(settled_text, "llm", tail or None))
     settled = draft.finish()

@@ -4,6 +4,7 @@ properties over random conversations, and examples of each layer's exact output.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -441,9 +442,8 @@ async def test_a_failed_summary_after_an_llm_summary_keeps_it_and_digests_the_re
     # The LLM summary stays as it was; only what is evicted now is digested, after it.
     assert second.summary == Summary(first.summary.text, "llm", second.summary.tail)
     assert second.summary.tail is not None and second.summary.tail.startswith("User requests:")
-    newly = [f"question {i}:" for i in range(first.cut // 2, second.cut // 2)]
-    assert any(q in second.summary.tail for q in newly)
-    assert not any(f"question {i}:" in second.summary.tail for i in range(first.cut // 2))
+    said = {int(n) for n in re.findall(r"question (\d+)", second.summary.tail)}
+    assert said and said <= set(range(first.cut // 2, second.cut // 2))
     assert decision.detail == "degraded: TimeoutError"
     assert decision.tokens_after <= ctx.target_tokens
     header = render(longer, second)[1]["content"]

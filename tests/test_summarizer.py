@@ -249,6 +249,6 @@ def test_what_lies_past_a_prepared_summary_is_rolled_in_as_a_digest() -> None:
         header = header_text(h.forwarded()[-1])
         assert header.startswith(f"{SUMMARY_HEADING}\n{prepared.text}\n\nUser requests:\n- ")
         (branch,) = h.state(chat.key).branches
-        digested = [t for t in range(chat.turns) if f"- Turn {t}:" in header]
+        digested = [int(t) for t in re.findall(r"^- Turn (\d+)\b", header, re.MULTILINE)]
         assert digested and min(digested) >= prepared.end // 2  # rounds are 2 messages
         assert max(digested) < branch.plan.cut // 2

@@ -16,7 +16,7 @@ from policies.context import Context
 from policies.counting import Counter
 from policies.digest import digest
 from policies.draft import Draft
-from policies.message import media_as_labels
+from policies.message import media_as_labels, visible_text
 from policies.summary import TAIL_HEADING, Summary, SummaryRequest
 
 OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower than ours
@@ -24,7 +24,8 @@ OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower th
 
 @dataclass(frozen=True)
 class SummarizeParams:
-    """The summary is capped at min(input_share x its input, target_share x the target)."""
+    """The summary is capped at min(the previous summary + input_share x what it newly
+    covers, target_share x the target)."""
 
     input_share: float = 0.3
     target_share: float = 0.2
@@ -59,15 +60,28 @@ def _digested(
     Transactional: an LLM summary stays as it was, and a digest of what is evicted now
     follows it (evicted as far as both need); the next LLM summary rolls that digest in.
     """
-    previous, counter = draft.summary, draft.ctx.counter
-    if previous is None or previous.kind == "digest":
-        rolled = previous.text if previous else None
-        text = digest(rolled, request.evicted, max_tokens=request.max_tokens, counter=counter)
-        return cut, Summary(text, "digest")
-    cut = max(cut, choose_cut(draft, params, kept=previous))
-    request = summary_request(draft, cut, params, kept=previous) or request
-    tail = digest(previous.tail, request.evicted, max_tokens=request.max_tokens, counter=counter)
-    return cut, Summary(previous.text, "llm", tail or None)
+    previous = draft.summary
+    kept = previous if previous is not None and previous.kind == "llm" else None
+    if kept is not None:
+        cut = max(cut, choose_cut(draft, params, kept=kept))
+        request = summary_request(draft, cut, params, kept=kept) or request
+    rolled = kept.tail if kept is not None else previous.text if previous is not None else None
+    text = digest(
+        rolled,
+        request.evicted,
+        max_tokens=request.max_tokens,
+        counter=draft.ctx.counter,
+        shown=_shown(draft, cut),
+    )
+    if kept is not None:
+        return cut, Summary(kept.text, "llm", text or None)
+    return cut, Summary(text, "digest")
+
+
+def _shown(draft: Draft, cut: int) -> str:
+    """The text the view keeps of the chain after `cut`, whitespace normalised."""
+    kept = (draft.current(p) for p in range(cut, len(draft.ctx.chain)))
+    return " ".join(" ".join(visible_text(m).split()) for m in kept if m is not None)
 
 
 def summary_request(
@@ -82,7 +96,7 @@ def summary_request(
     if not shown:
         return None
     removed = sum(map(draft.tokens_at, positions))
-    max_tokens = output_cap(_previous_tokens(draft, kept) + removed, ctx, params)
+    max_tokens = output_cap(_previous_tokens(draft, kept), removed, ctx, params)
     return SummaryRequest(
         draft.summary,
         [media_as_labels(m) for _, m in shown],
@@ -102,9 +116,12 @@ def _previous_tokens(draft: Draft, kept: Summary | None) -> int:
     return counter.text(draft.summary.shown) if draft.summary else 0
 
 
-def output_cap(input_tokens: int, ctx: Context, params: SummarizeParams) -> int:
-    """The most tokens a summary of `input_tokens` tokens may take."""
-    share = min(input_tokens * params.input_share, ctx.target_tokens * params.target_share)
+def output_cap(previous: int, evicted: int, ctx: Context, params: SummarizeParams) -> int:
+    """The most tokens a summary may take that rolls `evicted` tokens into a previous one of
+    `previous` tokens: it may grow by its share of what it newly covers (compressing the
+    previous summary again at every roll would lose what it held), up to its share of the
+    target."""
+    share = min(previous + evicted * params.input_share, ctx.target_tokens * params.target_share)
     return max(1, int(share))
 
 
@@ -133,7 +150,7 @@ def choose_cut(draft: Draft, params: SummarizeParams, *, kept: Summary | None = 
         last = cut
         cost = (
             fixed
-            + output_cap(previous + removed, ctx, params)
+            + output_cap(previous, removed, ctx, params)
             + min(anchors, ctx.anchor_block_max_tokens)
         )
         if rest - removed + cost <= ctx.aim_tokens:
