@@ -114,7 +114,7 @@ class PreparedSummaries:
         if llm is None:
             return  # nothing to prepare: the digest is made on the request path
         ttl = lock_seconds(request.policy)
-        fence = await self.sessions.lock(request.key, ttl, wait=False)
+        fence = (await self.sessions.lock(request.key, ttl)).token
         if fence is None:
             return
         try:

@@ -20,10 +20,10 @@ from policies.memory import memory_candidates
 from .ahead import Bounded, PreparedSummaries
 from .calibration import Calibration
 from .dialects import Entries
-from .errors import ContextLengthExceeded
+from .errors import ContextLengthExceeded, SummaryPending
 from .limits import ModelLimits
 from .memo import MessageDigests, content_keys
-from .sessions import Sessions
+from .sessions import Lock, Sessions
 from .state import Branch, SessionState, decision_record
 from .summarizer import lock_seconds
 from .turn import ClientRequest, Turn
@@ -186,10 +186,13 @@ class Compactor:
         request = turn.request
         llm = self.prepared.bounded(turn)
         saved: policies.Plan | None = None  # a degraded plan, as stored
-        fence = None
+        lock = Lock(None)
         if turn.loaded.available:
             ttl = lock_seconds(request.policy)
-            fence = await self.sessions.lock(request.key, ttl, wait=True)
+            # Another request's compaction or summary is waited for no longer than a summary.
+            wait = request.policy.summarizer.request_wait_seconds
+            lock = await self.sessions.lock(request.key, ttl, wait=wait)
+        fence = lock.token
         try:
             # Another request may have compacted the session meanwhile (this one waited for
             # its lock): replay that plan when it is enough, except on the reactive path.
@@ -197,9 +200,16 @@ class Compactor:
                 replayed = await self._replayed_after_wait(turn, tokens_before)
                 if replayed is not None:
                     return replayed
+            if lock.busy and target is None:
+                fitting = self._fitting(turn, tokens_before)
+                if fitting is not None:
+                    return fitting
             result = await turn.compact(
+                # Still busy elsewhere (a summary being prepared): the digest, no LLM call.
                 # Instructions are for a new summary: a prepared one never saw them.
-                self.prepared.summarizer(turn, llm, use_prepared=not instructions),
+                _elsewhere
+                if lock.busy and instructions is None
+                else self.prepared.summarizer(turn, llm, use_prepared=not instructions),
                 instructions=instructions or None,
                 target_tokens=target,
             )
@@ -242,6 +252,16 @@ class Compactor:
             return
         self.prepared.metrics.compaction_summaries.labels(kind).inc()
 
+    def _fitting(self, turn: Turn, tokens_before: int) -> Forward | None:
+        """The request as the session's plan makes it, when it is at the compaction level but
+        still within the limit: its compaction waits for the summary being made."""
+        entries = self._entries(turn)
+        tokens = tokens_before if entries is None else turn.tokens([m for _, m in entries])
+        if tokens > turn.budget.limit or turn.loaded.state.pending is not None:
+            return None
+        action = "none" if entries is None else "replayed"
+        return self._forward(turn, entries, action, tokens_before, tokens)
+
     async def _replayed_after_wait(self, turn: Turn, tokens_before: int) -> Forward | None:
         """The session's new plan replayed, when another request changed it meanwhile and it
         brings this request under the compaction level (and no manual compaction waits)."""
@@ -282,6 +302,10 @@ class Compactor:
             )
 
         return await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
+
+
+async def _elsewhere(request: policies.SummaryRequest) -> str:
+    raise SummaryPending("the session's summary is being made by another request")
 
 
 def _overflow_message(turn: Turn, result: policies.Compaction) -> str:

@@ -18,7 +18,16 @@ from policies.summary import TAIL_HEADING
 from proxy.summarizer import SYSTEM_PROMPT
 from tests.conversations import words
 from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
-from tests.harness import MODEL, SESSION_HEADER, harness, header_text, history, prepare_ahead, said
+from tests.harness import (
+    MODEL,
+    SESSION_HEADER,
+    grow_to_prepare,
+    harness,
+    header_text,
+    history,
+    prepare_ahead,
+    said,
+)
 
 NO_PREPARE = {"prepare_at": 0.85}  # every summary is made on the request path
 
@@ -208,6 +217,35 @@ def test_a_request_waits_for_its_summary_no_longer_than_its_bound() -> None:
         assert chat.say()["x-compaction-action"] == "replayed"
         assert header_text(h.forwarded()[-1]) == f"{SUMMARY_HEADING}\n{branch.plan.summary.text}"
         assert h.up.summary_calls == 2
+
+
+def test_a_compaction_waits_no_longer_for_a_summary_being_prepared() -> None:
+    release = threading.Event()
+
+    def answer(n: int) -> Any:
+        async def when_released() -> str:
+            await asyncio.to_thread(release.wait)
+            return f"SUMMARY-{n}: prepared."
+
+        return when_released()
+
+    settings = {"request_wait_seconds": 0.3, "timeout_seconds": 20}
+    with harness(policies={"default": {"summarizer": settings}}) as h:
+        h.summaries.answer = answer
+        budget = h.budget()
+        chat = h.conversation()
+        grow_to_prepare(h, chat)  # its summary is being made, holding the session's lock
+        assert h.up.wait_for(lambda: h.up.summary_calls == 1)
+        while int((headers := chat.say())["x-compaction-tokens-after"]) < budget.compact_tokens:
+            assert headers["x-compaction-action"] == "none"
+        # At the compaction level but within the limit: served as it is, without waiting.
+        assert int(headers["x-compaction-tokens-after"]) <= budget.limit
+        assert headers["x-compaction-action"] == "none" and not release.is_set()
+        # Over the limit: compacted now, with the digest, without a second summary call.
+        chat.skip(8)
+        assert chat.say()["x-compaction-action"] == "degraded"
+        assert h.up.summary_calls == 1 and not release.is_set()
+        release.set()
 
 
 # -- ahead of time -----------------------------------------------------------------------------
