@@ -5,7 +5,9 @@ and without it.
     .venv/bin/python bench/summaries.py [--sessions 6] [--think 1.0] [--median 2.0]
 
 The fake upstream (tests/fake_upstream) and the proxy run in this process, each in its own
-thread (memory store, the default policy, gpt-4o at an 8k window). The fake's summaries take a
+thread (memory store, the default policy, gpt-4o at an 8k window), with summaries prepared
+ahead of time as by default, and without (`prepare_at` at the compact level: every summary
+is asked for on the request path). The fake's summaries take a
 time drawn from a log-normal distribution (median `--median` seconds, sigma 0.9: a tenth take
 over 3.2 times the median, one in a hundred over 8 times), the same draws for both runs. Each
 session is a 60-turn chat (bench/planted.py's tuning generator) whose client waits `--think`
@@ -39,9 +41,11 @@ from tests.servers import proxy_server
 
 MODEL = "gpt-4o-8k"
 TURNS = 60
-RUNS = {  # name: request_wait_seconds
-    "bounded wait, 3 s (default)": 3.0,
-    "no bound (before: 30 s x 3 attempts)": 1000.0,
+RUNS = {  # name: (prepare_at, request_wait_seconds)
+    "prepared ahead at 0.75, bounded wait 3 s (default)": (0.75, 3.0),
+    "prepared ahead at 0.75, no bound (before)": (0.75, 1000.0),
+    "not prepared ahead, bounded wait 3 s": (0.9, 3.0),
+    "not prepared ahead, no bound (before)": (0.9, 1000.0),
 }
 
 
@@ -81,12 +85,15 @@ async def session(url: str, seed: int, think: float, waits: list[float]) -> None
             await asyncio.sleep(think)
 
 
-def run(wait: float, args: argparse.Namespace) -> tuple[dict[str, float], list[float]]:
+def run(
+    prepare_at: float, wait: float, args: argparse.Namespace
+) -> tuple[dict[str, float], list[float]]:
     with FakeUpstream(windows={MODEL: 8192}, summarizer=SlowSummaries(args.median)) as up:
+        settings = {"request_wait_seconds": wait}
         config = config_for(
             up,
             models=[{"match": MODEL, "context_window": 8192}],
-            policies={"default": {"summarizer": {"request_wait_seconds": wait}}},
+            policies={"default": {"prepare_at": prepare_at, "summarizer": settings}},
         )
         with proxy_server(config) as server:
             waits: list[float] = []
@@ -97,7 +104,9 @@ def run(wait: float, args: argparse.Namespace) -> tuple[dict[str, float], list[f
                 )
 
             asyncio.run(sessions())
-            time.sleep(args.median * 20)  # the late summaries land (at most one in 10^4 later)
+            proxy = server.server.config.app.state.proxy  # type: ignore[attr-defined]
+            while proxy.prepared.working:  # the late summaries land
+                time.sleep(0.1)
             with httpx.Client() as http:
                 name = "compaction_proxy_compaction_summaries_total"
                 kinds = ("llm", "prepared", "digest", "settled")
@@ -121,8 +130,8 @@ def main() -> None:
         " digest, replaced later | digest for good | compaction turn p50 / p90 / max s |"
     )
     print("|---|---|---|---|---|---|---|")
-    for name, wait in RUNS.items():
-        counts, waits = run(wait, args)
+    for name, (prepare_at, wait) in RUNS.items():
+        counts, waits = run(prepare_at, wait, args)
         total = counts["llm"] + counts["prepared"] + counts["digest"]
 
         def share(n: float, total: float = total) -> str:

@@ -149,7 +149,17 @@ def applied_edit(edit: Message, message: Message) -> Message:
     field, and every part and call the edit left alone, comes from `message`. So a field
     the chain does not hash (an unknown field, a text part's extra keys) is never replayed
     stale. `edit` itself when that is what it comes to."""
-    applied: Message = {}
+    content = edit.get("content")
+    if (
+        (content is None or isinstance(content, str))
+        and "tool_calls" not in edit
+        and "tool_calls" not in message
+    ):
+        # The common edit, a whole text content (a cleared or truncated result): cheap, as
+        # a replayed turn applies every edit of its plan.
+        applied: Message = {**message, "content": content} if "content" in edit else message
+        return edit if applied == edit else applied
+    applied = {}
     for key, value in message.items():
         if key == "content":
             applied[key] = _content(edit[key], value) if key in edit else value

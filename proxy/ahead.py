@@ -42,6 +42,11 @@ class PreparedSummaries:
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
+    @property
+    def working(self) -> bool:
+        """Whether a summary is being made or settled in the background."""
+        return bool(self._background)
+
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
