@@ -32,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import load_traces
 from compaction import MODEL, budget_for, conditions, default_policy
-from savings import Proxy, body, sessions_of
+from savings import Proxy, body
 
 import policies
 from policies.message import Message, visible_text
 from proxy.config import Policy
+from proxy.recordings import joined
 from proxy.tokens import counter_for
 from tests.fake_upstream import count_prompt_tokens
 from tests.test_long_sessions import agent_loop, dialogue
@@ -128,8 +129,8 @@ async def main() -> None:
     traces = load_traces()
     workloads = {
         "agent loop, 45 iterations, 16k": ([agent_loop(45)], 16_384),
-        "traces, 4 per session, 8k": (sessions_of(traces, 4), 8_192),
-        "traces, 4 per session, 16k": (sessions_of(traces, 4), 16_384),
+        "traces, 4 per session, 8k": (joined(traces, 4), 8_192),
+        "traces, 4 per session, 16k": (joined(traces, 4), 16_384),
         "dialogue, 150 turns, 32k": ([dialogue(150, 200, 250)], 32_768),
     }
     for title, (sessions, window) in workloads.items():

@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import planted
 from common import load_traces
 from compaction import MODEL, budget_for, conditions, default_policy
-from savings import LangChain, Proxy, sessions_of
+from savings import LangChain, Proxy
 
 import policies
 from policies.message import Message, visible_text
+from proxy.recordings import joined
 from proxy.tokens import REPLY_PRIMING, TokenCounter, counter_for
 
 WINDOWS = (4096, 8192, 16384)
@@ -112,7 +113,7 @@ async def main() -> None:
     args = parser.parse_args()
     print(conditions())
     counter = counter_for(MODEL)
-    traces = planted.traces(sessions_of(load_traces(), 4))
+    traces = planted.traces(joined(load_traces(), 4))
     workloads = {
         "tuning": {
             "chat": generated(planted.tuning, False, args.sessions),

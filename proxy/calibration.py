@@ -28,11 +28,11 @@ class Calibration:
     def __init__(self) -> None:
         self._ratios: dict[str, float] = {}
 
-    def known(self, key: str) -> float | None:
+    def ratio(self, key: str) -> float | None:
         """The ratio this process learnt for the session, if any."""
         return self._ratios.get(key)
 
-    def ratio(self, key: str, stored: float | None, *, exact: bool) -> float:
+    def effective(self, key: str, stored: float | None, *, exact: bool) -> float:
         """The ratio to count this session's next request with: learnt here, else stored
         with the session, else 1; never under 1 for a model counted exactly."""
         ratio = self._ratios.get(key) or stored or 1.0

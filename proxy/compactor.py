@@ -131,7 +131,7 @@ class Compactor:
             limits.window, limits.max_output, request.parsed.max_output
         )
         exact = limits.counter.mode == "exact"
-        ratio = self.calibration.ratio(request.key, loaded.state.calibration, exact=exact)
+        ratio = self.calibration.effective(request.key, loaded.state.calibration, exact=exact)
         budget = budget.scaled(ratio)
         messages = request.messages
         keys = content_keys(messages)
@@ -286,7 +286,7 @@ class Compactor:
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]
         branch = Branch(new, turn.chain.prefix(new.covered), time.time())
-        calibration = self.calibration.known(request.key)
+        calibration = self.calibration.ratio(request.key)
         decisions = [decision_record(d) for d in result.decisions]
         candidates = memory_candidates(evicted)
 

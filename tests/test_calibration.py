@@ -59,13 +59,13 @@ def test_an_estimated_count_converges_on_cjk_text() -> None:
 def test_a_higher_ratio_is_taken_at_once_and_a_lower_one_approached() -> None:
     calibration = Calibration()
     calibration.observe("s", 400, 100, exact=False)
-    assert calibration.ratio("s", None, exact=False) == 4.0
+    assert calibration.effective("s", None, exact=False) == 4.0
     calibration.observe("s", 100, 100, exact=False)
-    assert calibration.ratio("s", None, exact=False) == 2.0  # half way, in log space
+    assert calibration.effective("s", None, exact=False) == 2.0  # half way, in log space
     calibration.observe("s", 800, 100, exact=False)
-    assert calibration.ratio("s", None, exact=False) == 8.0
+    assert calibration.effective("s", None, exact=False) == 8.0
     # Exactly counted: never under 1, whatever was stored.
     calibration.observe("t", 50, 100, exact=True)
-    assert calibration.ratio("t", None, exact=True) == 1.0
-    assert calibration.ratio("u", 0.5, exact=True) == 1.0
-    assert calibration.ratio("u", 0.5, exact=False) == 0.5
+    assert calibration.effective("t", None, exact=True) == 1.0
+    assert calibration.effective("u", 0.5, exact=True) == 1.0
+    assert calibration.effective("u", 0.5, exact=False) == 0.5

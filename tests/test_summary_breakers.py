@@ -4,9 +4,11 @@ rate-limited cools only that key, an upstream that fails cools that upstream for
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import httpx
+import openai
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -44,55 +46,65 @@ class Gate:
         return Response(answer.content, answer.status_code, media_type="application/json")
 
 
+@dataclasses.dataclass
+class Gated:
+    up: FakeUpstream
+    gate: Gate
+    summaries: Summaries
+    server: ServerThread
+    stack: contextlib.ExitStack
+
+    def tenant(self, api_key: str, session: str) -> Conversation:
+        """A conversation of the tenant whose key this is, over the compaction level."""
+        client = openai.OpenAI(base_url=self.server.url + "/v1", api_key=api_key, max_retries=0)
+        return Conversation(self.stack.enter_context(client), session, rounds=24)
+
+    def cooled(self, scope: str) -> float:
+        with httpx.Client() as http:
+            name = "compaction_proxy_summarizer_cooldowns_total"
+            return metric(http, self.server, name, scope=scope)
+
+
 @contextlib.contextmanager
-def gated() -> Iterator[tuple[FakeUpstream, Gate, Summaries, ServerThread]]:
+def gated() -> Iterator[Gated]:
     summaries = Summaries()
     settings = {"retries": 0, "cooldown_seconds": COOLDOWN}
-    with FakeUpstream(windows={MODEL: 8192}, summarizer=summaries) as up:
+    with contextlib.ExitStack() as stack:
+        up = stack.enter_context(FakeUpstream(windows={MODEL: 8192}, summarizer=summaries))
         gate = Gate(up)
         app = Starlette(routes=[Route("/v1/{path:path}", gate.relay, methods=["POST"])])
-        with ServerThread(app) as front:
-            config = config_for(
-                up,
-                upstreams={"fake": {"base_url": front.url + "/v1"}},
-                models=[{"match": MODEL, "context_window": WINDOW}],
-                policies={"default": {"prepare_at": 0.85, "summarizer": settings}},
-            )
-            with proxy_server(config) as server:
-                yield up, gate, summaries, server
-
-
-def cooled(server: ServerThread, scope: str) -> float:
-    with httpx.Client() as http:
-        return metric(http, server, "compaction_proxy_summarizer_cooldowns_total", scope=scope)
+        front = stack.enter_context(ServerThread(app))
+        config = config_for(
+            up,
+            upstreams={"fake": {"base_url": front.url + "/v1"}},
+            models=[{"match": MODEL, "context_window": WINDOW}],
+            policies={"default": {"prepare_at": 0.85, "summarizer": settings}},
+        )
+        server = stack.enter_context(proxy_server(config))
+        yield Gated(up, gate, summaries, server, stack)
 
 
 def test_a_rate_limited_key_cools_only_itself() -> None:
-    with gated() as (_, gate, summaries, server):
-        tenant_a = Conversation(server.url, "a1", api_key=RATE_LIMITED, rounds=24)
-        assert tenant_a.say()["x-compaction-action"] == "degraded"
-        assert gate.refused == 1
-        assert cooled(server, "credential") == 1 and cooled(server, "upstream") == 0
+    with gated() as g:
+        assert g.tenant(RATE_LIMITED, "a1").say()["x-compaction-action"] == "degraded"
+        assert g.gate.refused == 1
+        assert g.cooled("credential") == 1 and g.cooled("upstream") == 0
 
         # Another tenant's compaction still gets its summary.
-        tenant_b = Conversation(server.url, "b1", api_key="sk-tenant-b", rounds=24)
-        assert tenant_b.say()["x-compaction-action"] == "compacted"
-        assert len(summaries.bodies) == 1
+        assert g.tenant("sk-tenant-b", "b1").say()["x-compaction-action"] == "compacted"
+        assert len(g.summaries.bodies) == 1
 
         # The refused key is cooling: its next compaction degrades without a call.
-        again = Conversation(server.url, "a2", api_key=RATE_LIMITED, rounds=24)
-        assert again.say()["x-compaction-action"] == "degraded"
-        assert gate.refused == 1
+        assert g.tenant(RATE_LIMITED, "a2").say()["x-compaction-action"] == "degraded"
+        assert g.gate.refused == 1
 
 
 def test_a_failing_upstream_cools_every_key() -> None:
-    with gated() as (up, _, summaries, server):
-        summaries.answer = lambda n: RuntimeError("boom")  # the fake answers 500
-        tenant_b = Conversation(server.url, "b1", api_key="sk-tenant-b", rounds=24)
-        assert tenant_b.say()["x-compaction-action"] == "degraded"
-        assert cooled(server, "upstream") == 1 and cooled(server, "credential") == 0
+    with gated() as g:
+        g.summaries.answer = lambda n: RuntimeError("boom")  # the fake answers 500
+        assert g.tenant("sk-tenant-b", "b1").say()["x-compaction-action"] == "degraded"
+        assert g.cooled("upstream") == 1 and g.cooled("credential") == 0
 
-        summaries.answer = lambda n: f"SUMMARY-{n}"
-        tenant_c = Conversation(server.url, "c1", api_key="sk-tenant-c", rounds=24)
-        assert tenant_c.say()["x-compaction-action"] == "degraded"
-        assert up.summary_calls == 1
+        g.summaries.answer = lambda n: f"SUMMARY-{n}"
+        assert g.tenant("sk-tenant-c", "c1").say()["x-compaction-action"] == "degraded"
+        assert g.up.summary_calls == 1
