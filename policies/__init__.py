@@ -26,7 +26,7 @@ from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import TrimHeadParams
 from policies.layers.truncate_tool_fields import TruncateToolFieldsParams
 from policies.message import Message, content_text
-from policies.pipeline import Compaction, compact, make_context, run_layer, settle
+from policies.pipeline import Compaction, compact, make_context, run_layer
 from policies.plan import Plan, header_message, render, render_entries
 from policies.policy import Policy
 from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest
@@ -71,7 +71,6 @@ __all__ = [
     "render_entries",
     "rounds",
     "run_layer",
-    "settle",
     "tool_blocks",
     "tool_pair_problems",
 ]

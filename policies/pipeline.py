@@ -11,14 +11,12 @@ from policies.context import Context, protected_start, turn_growth
 from policies.conversation import current_turn, current_turn_start, is_system, tool_blocks
 from policies.counting import Counter
 from policies.decision import Decision
-from policies.digest import digest
 from policies.draft import Draft, lost_anchors
 from policies.layers import LAYERS, LayerSpec
-from policies.layers.summarize import SummarizeParams, checked, output_cap
-from policies.message import Message, call_name, media_as_labels, tool_calls
+from policies.message import Message, call_name, tool_calls
 from policies.plan import Plan, render
 from policies.policy import Policy
-from policies.summary import Summarizer, Summary, SummaryRequest
+from policies.summary import Summarizer
 
 
 @dataclass(frozen=True)
@@ -96,54 +94,6 @@ async def compact(
         degraded=any(d.detail.startswith("degraded") for d in decisions),
         floor_tokens=ctx.floor_tokens,
     )
-
-
-def settle(
-    messages: Sequence[Message],
-    plan: Plan,
-    request: SummaryRequest,
-    text: str,
-    *,
-    budget: Budget,
-    policy: Policy,
-    counter: Counter,
-    fixed_tokens: int = 0,
-    message_tokens: Sequence[int] | None = None,
-) -> Plan | None:
-    """`plan`, made while the summary `request` asked for was late (the compaction degraded
-    to a digest), with that summary, `text`, in the digest's place: it stands for the chain
-    up to `request.end`, and what the plan evicted past that follows it as a digest.
-
-    None when it does not apply: the plan's summary is not the digest that stood in for it,
-    `text` is no usable summary, or its view would be larger than the plan's and the target.
-    """
-    summary, previous = plan.summary, request.previous
-    if summary is None or plan.cut < request.end or (summary.kind, summary.tail) == ("llm", None):
-        return None
-    if previous is not None and previous.kind == "llm" and summary.text != previous.text:
-        return None
-    settled_text, _ = checked(text, request, counter)
-    if settled_text is None:
-        return None
-    ctx = make_context(
-        messages,
-        policy,
-        counter=counter,
-        budget=budget,
-        fixed_tokens=fixed_tokens,
-        message_tokens=message_tokens,
-    )
-    draft = Draft(messages, plan, ctx)
-    before = draft.tokens
-    rest = [media_as_labels(ctx.chain[p]) for p in range(request.end, plan.cut)]
-    params = next((p for n, p in policy.layers if n == "summarize"), SummarizeParams())
-    cap = output_cap(0, sum(ctx.chain_tokens[request.end : plan.cut]), ctx, params)
-    tail = digest(None, rest, max_tokens=cap, counter=counter) if rest else ""
-    draft.set_summary(Summary(settled_text, "llm", tail or None))
-    settled = draft.finish()
-    if draft.tokens > max(before, ctx.target_tokens):
-        return None
-    return replace(settled, anchors_truncated=bool(lost_anchors(messages, settled, ctx)))
 
 
 async def run_layer(

@@ -9,8 +9,9 @@ digest.
 
 A request waits for a summary only `summarizer.request_wait_seconds` (`Bounded`): then its
 compaction degrades to a digest, the summary is finished in the background (retries with
-their full timeout) and, when it comes, takes the digest's place in the session's plan for
-the next turns.
+their full timeout) and, when it comes, the request is compacted again with it: that plan,
+the one the compaction would have made in time, takes the degraded one's place for the
+next turns.
 """
 
 from __future__ import annotations
@@ -82,10 +83,21 @@ class PreparedSummaries:
             return llm
         return functools.partial(_with_prepared, llm, prepared, turn.chain, turn.limits.counter)
 
-    def settle(self, turn: Turn, plan: policies.Plan, late: Late) -> None:
-        """When the summary the request stopped waiting for comes, put it in place of the
-        digest that `plan`, as saved, holds (in the background)."""
-        self._spawn(self._settle(turn, plan, late), f"settle:{turn.request.key}")
+    def settle(
+        self,
+        turn: Turn,
+        plan: policies.Plan,
+        late: Late,
+        *,
+        instructions: str | None,
+        target: int | None,
+    ) -> None:
+        """When the summary the request stopped waiting for comes, compact the request again
+        with it, as the compaction would have had it come in time, and put that plan in the
+        place of `plan` (the degraded one, as saved) unless the session moved on meanwhile.
+        In the background."""
+        work = self._settle(turn, plan, late, instructions, target)
+        self._spawn(work, f"settle:{turn.request.key}")
 
     def _spawn(self, work: Coroutine[None, None, None], name: str) -> None:
         # Kept referenced until done, cancelled at shutdown.
@@ -93,14 +105,31 @@ class PreparedSummaries:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _settle(self, turn: Turn, plan: policies.Plan, late: Late) -> None:
+    async def _settle(
+        self,
+        turn: Turn,
+        plan: policies.Plan,
+        late: Late,
+        instructions: str | None,
+        target: int | None,
+    ) -> None:
         try:
             text = await late.task
         except Exception:  # the summarizer's metrics and log say why; the digest stays
             return
-        settled = turn.settle(plan, late.request, text)
-        if settled is None:
+
+        async def in_time(request: policies.SummaryRequest) -> str:
+            if request != late.request:
+                raise SummaryPending("not the summary that came late")
+            return text
+
+        summarizer = self.summarizer(turn, in_time, use_prepared=not instructions)
+        result = await turn.compact(
+            summarizer, instructions=instructions or None, target_tokens=target
+        )
+        if result.degraded or not result.fits:
             return
+        settled = result.plan
 
         def apply(state: SessionState) -> SessionState:
             branch = state.branch(turn.chain)

@@ -231,7 +231,9 @@ class Compactor:
                 await self.sessions.unlock(request.key, fence)
             # A summary that came too late takes the place of the digest it left, once done.
             if llm is not None and llm.late is not None and saved is not None:
-                self.prepared.settle(turn, saved, llm.late)
+                self.prepared.settle(
+                    turn, saved, llm.late, instructions=instructions, target=target
+                )
             elif llm is not None:
                 llm.drop()
         self._count_summary(result, llm)

@@ -90,23 +90,6 @@ class Turn:
             ahead_tokens=ahead_tokens,
         )
 
-    def settle(
-        self, plan: policies.Plan, request: policies.SummaryRequest, text: str
-    ) -> policies.Plan | None:
-        """`plan`, compacted from this request while the summary of `request` was late, with
-        that summary in place of its digest (see `policies.settle`)."""
-        return policies.settle(
-            self.request.messages,
-            plan,
-            request,
-            text,
-            budget=self.budget,
-            policy=self.request.policy.compaction,
-            counter=self.limits.counter,
-            fixed_tokens=self.fixed,
-            message_tokens=self.counts,
-        )
-
     def reload(self, loaded: Loaded) -> None:
         """The session as read again (another request changed it meanwhile)."""
         self.loaded = loaded

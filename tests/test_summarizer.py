@@ -149,7 +149,8 @@ def test_after_a_failure_the_summarizer_cools_down_then_rolls_the_digest_in() ->
         assert f"Previous mechanical digest:\n{digest.text}" in h.summaries.prompts[-1]
         (branch,) = h.state(chat.key).branches
         assert branch.plan.summary is not None
-        assert branch.plan.summary.text == "SUMMARY-2: all good again."
+        # Made on the request path, or ahead of time (then followed by a digest of the rest).
+        assert branch.plan.summary.text.startswith("SUMMARY-2: all good again.")
 
 
 def test_a_degraded_compaction_keeps_the_previous_summary_as_it_was() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.context import Context
-from policies.counting import Counter
 from policies.digest import digest
 from policies.draft import Draft
 from policies.message import media_as_labels, visible_text
@@ -168,13 +167,8 @@ async def _llm_summary(request: SummaryRequest, ctx: Context) -> tuple[str | Non
         text = await ctx.summarizer(request)
     except Exception as error:  # any failure of the injected summarizer degrades
         return None, f"degraded: {type(error).__name__}"
-    return checked(text, request, ctx.counter)
-
-
-def checked(text: object, request: SummaryRequest, counter: Counter) -> tuple[str | None, str]:
-    """The summary in a summarizer's answer, or None and why it is not one."""
     if not isinstance(text, str) or not text.strip():
         return None, "degraded: empty summary"
-    if counter.text(text) > request.max_tokens * OVERLONG_SLACK:
+    if ctx.counter.text(text) > request.max_tokens * OVERLONG_SLACK:
         return None, "degraded: over-long summary"
     return text.strip(), "llm"
