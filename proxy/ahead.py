@@ -96,8 +96,23 @@ class PreparedSummaries:
         with it, as the compaction would have had it come in time, and put that plan in the
         place of `plan` (the degraded one, as saved) unless the session moved on meanwhile.
         In the background."""
-        work = self._settle(turn, plan, late, instructions, target)
-        self._spawn(work, f"settle:{turn.request.key}")
+
+        async def in_time(request: policies.SummaryRequest) -> str:
+            if request != late.request:
+                raise SummaryPending("not the summary that came late")
+            return await late.task
+
+        async def settling() -> None:
+            if not await _succeeds(late.task):
+                return  # the summarizer's metrics and log say why; the digest stays
+            summarizer = self.summarizer(turn, in_time, use_prepared=not instructions)
+            result = await turn.compact(
+                summarizer, instructions=instructions or None, target_tokens=target
+            )
+            if not result.degraded and result.fits:
+                await self._replace(turn, plan, result.plan)
+
+        self._spawn(settling(), f"settle:{turn.request.key}")
 
     def _spawn(self, work: Coroutine[None, None, None], name: str) -> None:
         # Kept referenced until done, cancelled at shutdown.
@@ -105,31 +120,8 @@ class PreparedSummaries:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _settle(
-        self,
-        turn: Turn,
-        plan: policies.Plan,
-        late: Late,
-        instructions: str | None,
-        target: int | None,
-    ) -> None:
-        try:
-            text = await late.task
-        except Exception:  # the summarizer's metrics and log say why; the digest stays
-            return
-
-        async def in_time(request: policies.SummaryRequest) -> str:
-            if request != late.request:
-                raise SummaryPending("not the summary that came late")
-            return text
-
-        summarizer = self.summarizer(turn, in_time, use_prepared=not instructions)
-        result = await turn.compact(
-            summarizer, instructions=instructions or None, target_tokens=target
-        )
-        if result.degraded or not result.fits:
-            return
-        settled = result.plan
+    async def _replace(self, turn: Turn, plan: policies.Plan, settled: policies.Plan) -> None:
+        """`settled` in the place of `plan`, while the session's branch still holds it."""
 
         def apply(state: SessionState) -> SessionState:
             branch = state.branch(turn.chain)
@@ -226,6 +218,15 @@ def _prepared_for(prepared: Prepared | None, turn: Turn) -> bool:
         and prepared.base == text_hash(plan.summary)
         and turn.chain.prefix(prepared.end) == prepared.chain
     )
+
+
+async def _succeeds(task: asyncio.Task[str]) -> bool:
+    """Whether the summary being made comes (a failure is the summarizer's to report)."""
+    try:
+        await task
+    except Exception:
+        return False
+    return True
 
 
 async def _with_prepared(

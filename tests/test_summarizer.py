@@ -187,20 +187,25 @@ def test_a_degraded_compaction_keeps_the_previous_summary_as_it_was() -> None:
         assert branch.plan.summary is not None and branch.plan.summary.tail is None
 
 
+def released(release: threading.Event, text: str) -> Any:
+    """An answer of the fake's summarizer that comes once the test sets `release`."""
+
+    async def answer() -> str:
+        await asyncio.to_thread(release.wait)
+        return text
+
+    return answer()
+
+
 def test_a_request_waits_for_its_summary_no_longer_than_its_bound() -> None:
     # The first attempt fails at once; its retry does not answer until the test says so.
     release = threading.Event()
-
-    def answer(n: int) -> Any:
-        async def when_released() -> str:
-            await asyncio.to_thread(release.wait)
-            return f"SUMMARY-{n}: finished in the background."
-
-        return RuntimeError("boom") if n == 1 else when_released()
-
+    text = "finished in the background."
     settings = {"request_wait_seconds": 0.3, "timeout_seconds": 20, "retries": 1}
     with harness(policies={"default": {**NO_PREPARE, "summarizer": settings}}) as h:
-        h.summaries.answer = answer
+        h.summaries.answer = lambda n: (
+            RuntimeError("boom") if n == 1 else released(release, f"SUMMARY-{n}: {text}")
+        )
         chat = h.conversation(rounds=24)
         headers = chat.say()
         # Served with the digest while the retry is still being made.
@@ -222,17 +227,9 @@ def test_a_request_waits_for_its_summary_no_longer_than_its_bound() -> None:
 
 def test_a_compaction_waits_no_longer_for_a_summary_being_prepared() -> None:
     release = threading.Event()
-
-    def answer(n: int) -> Any:
-        async def when_released() -> str:
-            await asyncio.to_thread(release.wait)
-            return f"SUMMARY-{n}: prepared."
-
-        return when_released()
-
     settings = {"request_wait_seconds": 0.3, "timeout_seconds": 20}
     with harness(policies={"default": {"summarizer": settings}}) as h:
-        h.summaries.answer = answer
+        h.summaries.answer = lambda n: released(release, f"SUMMARY-{n}: prepared.")
         budget = h.budget()
         chat = h.conversation()
         grow_to_prepare(h, chat)  # its summary is being made, holding the session's lock
