@@ -35,6 +35,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/litellm_route.py
 	$(BIN)/python bench/anthropic_cache.py
+	$(BIN)/python bench/retention.py
+	$(BIN)/python bench/headroom.py
+	$(BIN)/python bench/summaries.py
 
 docker-smoke: $(STAMP)
 	PYTHON=$(BIN)/python scripts/docker-smoke.sh

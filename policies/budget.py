@@ -6,7 +6,7 @@ for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Status = Literal["ok", "prepare", "compact"]
@@ -45,3 +45,17 @@ class Budget:
         if tokens >= self.prepare_tokens:
             return "prepare"
         return "ok"
+
+    def scaled(self, ratio: float) -> Budget:
+        """This budget for a counter whose count the upstream's is `ratio` times: every
+        level, the target too, in that counter's tokens (so that each holds in the
+        upstream's own)."""
+        if ratio == 1.0:
+            return self
+        return replace(
+            self,
+            limit=int(self.limit / ratio),
+            prepare_tokens=int(self.prepare_tokens / ratio),
+            compact_tokens=int(self.compact_tokens / ratio),
+            target_tokens=int(self.target_tokens / ratio),
+        )

@@ -19,6 +19,9 @@ class Context:
     `turn_start` and `task` are the current turn (never changed): the chain from
     `turn_start` on, and the last user message before it in an agent loop. User and
     assistant text from `protected_start` on is kept verbatim except by `trim_head`.
+    `aim_tokens` is how far the layers compact (`Policy.aim`); the emergency layer only
+    drops messages for `target_tokens`, and the sizes derived from the target (protection,
+    summary and anchor caps) are of `target_tokens` too.
     """
 
     counter: Counter
@@ -27,6 +30,7 @@ class Context:
     system_tokens: int
     fixed_tokens: int
     target_tokens: int
+    aim_tokens: int
     limit_tokens: int
     turn_start: int
     task: int | None
@@ -75,6 +79,15 @@ class Context:
                 self.anchors, visible_text(self.chain[position])
             )
         return found
+
+
+def turn_growth(chain_tokens: Sequence[int], chain: Sequence[Message], turns: int = 8) -> int:
+    """The tokens a turn adds to this conversation, on average over its newest `turns` turns.
+    A turn runs from an assistant message to the next one: the answer, and what the client
+    sends after it (the user's next message, or the tool results)."""
+    starts = [p for p, message in enumerate(chain) if message.get("role") == "assistant"]
+    recent = starts[-turns:]
+    return sum(chain_tokens[recent[0] :]) // len(recent) if recent else 0
 
 
 def protected_start(

@@ -1,9 +1,15 @@
 """The mechanical digest: what a summary keeps, extracted by rules, when no LLM summary is made.
 
-It is rolling like a summary: a previous digest is parsed back and extended, a previous LLM
-summary is kept (shortened) under "Earlier summary". When the items do not fit in the cap,
-the newest are kept; messages are read newest first and only until the cap is spent, so a
-long evicted part costs no more than a short one.
+What the user said comes first: every requirement and every fact-like part of the evicted
+user messages (numbers, ids, names, dates, quoted text, addresses), each cut down to the
+clauses that carry it; then what the user said otherwise, the assistant's decisions and open
+items, errors and tool calls. Each part is kept newest first while the cap lasts, and what
+the view still shows verbatim is left out.
+
+It is rolling like a summary: a previous digest is parsed back and extended (an LLM summary
+is never rewritten into it: the digest follows it, see `Summary.tail`). Messages are read
+newest first and only until the cap is spent, so a long evicted part costs no more than a
+short one.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from typing import Any
 
 from policies.counting import Counter
 from policies.message import Message, call_arguments, call_name, content_text, tool_calls
-from policies.summary import Summary
 
 REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN = (
     "User requests",
@@ -26,9 +31,10 @@ REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN = (
     "Open items",
 )
 SECTIONS = (REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN)
-EARLIER = "Earlier summary"
 MAX_TOKENS = 2048
-ITEM_TOKENS = 60  # one item is a line; a long request keeps its beginning
+ITEM_TOKENS = 60  # one item is a line; a long one keeps its beginning
+GIST_TOKENS = 20  # what is kept of a user message that tells nothing in particular
+CLAUSE_CHARS = 120  # a longer sentence keeps only its telling clauses
 VALUE_CHARS = 40
 MAX_MISSES = 16  # items in a row that did not fit, after which older ones are not tried
 
@@ -41,23 +47,56 @@ ERROR = re.compile(
     r"\b(error|exception|traceback|failed|failure|not found|invalid|denied|unable|cannot)\b"
 )
 OPEN_ITEM = re.compile(r"\b(todo|next step|remaining|pending|still need|follow[- ]up|not yet)\b")
-_SENTENCES = re.compile(r"(?<=[.!?])\s+|\n+")
+REQUIREMENT = re.compile(
+    r"\b(must|should|please|don't|do not|never|always|make sure|require[sd]?|prefer|"
+    r"remember|avoid|instead|can you|could you|(?:i|we)(?: really| still| also)? "
+    r"(?:need|want|would like|'d like))\b"
+)
+# Numbers, dates, ids, amounts; e-mail and web addresses; quoted text.
+FACT = re.compile(
+    r"\d|@|://|[\"\u201c\u2018][^\"\u201c\u201d\u2018\u2019]{2,}[\"\u201d\u2019]"
+    r"|(?<!\w)'[^']{2,}'(?!\w)"
+)
+CAPITALISED = re.compile(r"\s([A-Z][\w'-]*)")  # a word inside a sentence: a name, a place
+NOT_NAMES = frozenset({"I", "I'm", "I'll", "I've", "I'd", "OK"})
+# A sentence ends before a capital (or a quote, a bracket): "no. 4" and "e.g. this" go on.
+_SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"\u201c\u2018'(\[])|\n+")
+_CLAUSES = re.compile(
+    r"[,;]?\s+(?:and|but|so|because|which|while)\s+|[,;:]\s+|\s+[-\u2013\u2014]\s+"
+)
 
 Item = tuple[str, str | dict[str, Any]]  # a section and its text, or a tool call to describe
 
 
 def digest(
-    previous: Summary | None, evicted: Sequence[Message], *, max_tokens: int, counter: Counter
+    previous: str | None,
+    evicted: Sequence[Message],
+    *,
+    max_tokens: int,
+    counter: Counter,
+    shown: str = "",
 ) -> str:
-    """A structured digest of `previous` and `evicted` in about `max_tokens` tokens (at most
-    MAX_TOKENS: more rule-picked lines are mostly noise, and cost time to pick)."""
-    earlier, older = "", list[Item]()
-    if previous is not None and previous.kind == "digest":
-        earlier, older = _parse(previous.text)
-    elif previous is not None:
-        earlier = previous.text
-    items = itertools.chain(_newest_first(evicted), reversed(older))
-    return _layout(earlier, items, min(max_tokens, MAX_TOKENS), counter)
+    """A structured digest of `evicted` rolled into `previous` (an earlier digest's text) in
+    about `max_tokens` tokens (at most MAX_TOKENS: more rule-picked lines are mostly noise,
+    and cost time to pick). Items that `shown` (the text the view still shows, whitespace
+    normalised) holds verbatim are left out."""
+    # Newest first, each with its age: what the user said that tells, then the rest.
+    items = list(enumerate(itertools.chain(_newest_first(evicted), reversed(_parse(previous)))))
+    first = [(age, item) for age, item in items if _tells(item)]
+    rest = [(age, item) for age, item in items if not _tells(item)]
+    return _layout((first, rest), min(max_tokens, MAX_TOKENS), counter, shown)
+
+
+def telling(text: str) -> bool:
+    """Whether a user's sentence states a requirement or a fact (see FACT)."""
+    if REQUIREMENT.search(text.lower()) or FACT.search(text):
+        return True
+    return any(word not in NOT_NAMES for word in CAPITALISED.findall(text))
+
+
+def _tells(item: Item) -> bool:
+    section, payload = item
+    return section == REQUESTS and isinstance(payload, str) and telling(payload)
 
 
 def _newest_first(evicted: Sequence[Message]) -> Iterator[Item]:
@@ -65,7 +104,7 @@ def _newest_first(evicted: Sequence[Message]) -> Iterator[Item]:
     names = {call.get("id"): call_name(call) for m in evicted for call in tool_calls(m)}
     asked = next((m for m in reversed(evicted) if m.get("role") == "assistant"), None)
     if asked is not None:
-        last = content_text(asked.get("content")).rstrip().rsplit("\n", 1)[-1]
+        last = _SENTENCES.split(content_text(asked.get("content")).rstrip())[-1]
         if last.endswith("?"):
             yield OPEN, f"asked: {last}"
     for message in reversed(evicted):
@@ -77,7 +116,7 @@ def _items(message: Message, names: dict[object, str]) -> list[Item]:
     low = text.lower()
     items: list[Item] = []
     if role == "user" and text.strip():
-        items.append((REQUESTS, text))
+        items += ((REQUESTS, said) for said in _said(text))
     if role in ("user", "assistant") and (DECISION.search(low) or OPEN_ITEM.search(low)):
         for sentence in _SENTENCES.split(text):
             if role == "assistant" and DECISION.search(sentence.lower()):
@@ -91,6 +130,30 @@ def _items(message: Message, names: dict[object, str]) -> list[Item]:
         name = names.get(message.get("tool_call_id")) or message.get("name") or "tool"
         items.append((ERRORS, f"{name}: {text[start : end if end >= 0 else len(text)]}"))
     return items
+
+
+def _said(text: str) -> list[str]:
+    """What to keep of a user message: its telling sentences, a long one cut down to its
+    telling clauses; else its gist (the beginning)."""
+    sentences = [" ".join(s.split()) for s in _SENTENCES.split(text)]
+    kept = [_clauses(s) for s in sentences if s and telling(s)]
+    if kept:
+        return kept
+    gist = " ".join(text[: GIST_TOKENS * 16].split())
+    return [gist if len(gist) <= GIST_TOKENS * 4 else gist[: GIST_TOKENS * 4].rstrip() + "…"]
+
+
+def _clauses(sentence: str) -> str:
+    """A long sentence's telling clauses (the whole sentence when it is short, or when no
+    single clause tells), "…" where others were left out."""
+    if len(sentence) <= CLAUSE_CHARS:
+        return sentence
+    clauses = _CLAUSES.split(sentence)
+    telling_clauses = [c for c in clauses if telling(c)]
+    if not telling_clauses:
+        return sentence
+    shortened = " … ".join(telling_clauses)
+    return shortened if clauses[0] in telling_clauses[:1] else f"… {shortened}"
 
 
 def _call_line(call: dict[str, Any]) -> str:
@@ -118,47 +181,46 @@ def _short(text: str, counter: Counter) -> str:
     return head if head == text else head.rstrip() + "…"
 
 
-def _parse(text: str) -> tuple[str, list[Item]]:
-    """The earlier summary and the items (oldest first) of a digest made by this module."""
-    headings = {f"{name}:": name for name in (*SECTIONS, EARLIER)}
-    section, earlier = "", []
+def _parse(text: str | None) -> list[Item]:
+    """The items (oldest first) of a digest made by this module."""
+    # Lines before the first section heading are not items (digests stored by earlier
+    # versions may open with an "Earlier summary:" block).
+    headings = {f"{name}:": name for name in SECTIONS}
+    section = ""
     items: list[Item] = []
-    for line in text.splitlines():
+    for line in (text or "").splitlines():
         if line in headings:
             section = headings[line]
-        elif section == EARLIER:
-            earlier.append(line)
         elif section and line.startswith("- "):
             items.append((section, line[2:]))
-    return "\n".join(earlier), items
+    return items
 
 
-def _layout(earlier: str, items: Iterable[Item], max_tokens: int, counter: Counter) -> str:
-    """The earlier summary (a third of the budget at most), then the newest items that fit,
-    by section, oldest first."""
+def _layout(
+    streams: Iterable[Iterable[tuple[int, Item]]], max_tokens: int, counter: Counter, shown: str
+) -> str:
+    """The items that fit, taken stream by stream (each newest first), laid out by section,
+    oldest first."""
     budget = max_tokens
-    if earlier:
-        earlier = counter.head(earlier, max(0, budget // 3 - counter.text(EARLIER) - 2))
-    if earlier:
-        budget -= counter.text(earlier) + counter.text(EARLIER) + 2
     chosen: dict[tuple[str, str], int] = {}
     opened: set[str] = set()
-    misses = 0
-    for age, (section, payload) in enumerate(items):
-        if misses > MAX_MISSES:
-            break
-        line = _short(payload if isinstance(payload, str) else _call_line(payload), counter)
-        cost = counter.text(line) + 2 + (0 if section in opened else counter.text(section) + 2)
-        if (section, line) in chosen:
-            continue
-        if cost > budget:
-            misses += 1
-            continue
-        chosen[(section, line)] = age
-        opened.add(section)
-        budget -= cost
+    for stream in streams:
         misses = 0
-    blocks = [f"{EARLIER}:\n{earlier}"] if earlier else []
+        for age, (section, payload) in stream:
+            if misses > MAX_MISSES:
+                break
+            line = _short(payload if isinstance(payload, str) else _call_line(payload), counter)
+            if (section, line) in chosen or (shown and line in shown):
+                continue
+            cost = counter.text(line) + 2 + (0 if section in opened else counter.text(section) + 2)
+            if cost > budget:
+                misses += 1
+                continue
+            chosen[(section, line)] = age
+            opened.add(section)
+            budget -= cost
+            misses = 0
+    blocks = []
     for name in SECTIONS:
         lines = sorted((-age, line) for (kind, line), age in chosen.items() if kind == name)
         if lines:

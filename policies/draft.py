@@ -13,7 +13,7 @@ from policies.anchors import anchor_block
 from policies.context import Context
 from policies.decision import Decision
 from policies.message import Message, visible_text
-from policies.plan import ANCHOR_HEADING, Plan, header_message, render
+from policies.plan import ANCHOR_HEADING, Plan, applied_edit, header_message, render
 from policies.summary import Summary
 
 
@@ -31,7 +31,12 @@ class Draft:
         self.ctx = ctx
         self.cut = min(plan.cut, len(ctx.chain))
         self.summary = plan.summary
-        self.edits = dict(plan.edits)
+        # Stored edits apply to the messages as they are sent now (fields the chain does not
+        # hash may have changed since), so counts and the view are those of what goes out.
+        self.edits = {
+            p: e if e is None or p >= len(ctx.chain) else applied_edit(e, ctx.chain[p])
+            for p, e in plan.edits.items()
+        }
         self.anchor_block = plan.anchor_block
         self.anchor_cap = ctx.anchor_block_max_tokens
         self.changed: list[int] = []
@@ -56,7 +61,7 @@ class Draft:
         return self.ctx.fixed_tokens + self.ctx.system_tokens + self.header + self._body + lost
 
     def over(self, goal: int | None = None) -> bool:
-        return self.tokens > (self.ctx.target_tokens if goal is None else goal)
+        return self.tokens > (self.ctx.aim_tokens if goal is None else goal)
 
     def current(self, position: int) -> Message | None:
         """The message at `position` as the view shows it (None when evicted or dropped)."""
@@ -83,7 +88,7 @@ class Draft:
         """Replace the chain before `cut` by `summary`."""
         for position in range(self.cut, cut):
             self._body -= self.tokens_at(position)
-            self._lose(position, summary.text if summary is not None else "")
+            self._lose(position, summary.shown if summary is not None else "")
             self.changed.append(position)
         self.cut = cut
         self.set_summary(summary)

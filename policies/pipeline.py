@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.anchors import anchor_pattern
 from policies.budget import Budget
-from policies.context import Context, protected_start
+from policies.context import Context, protected_start, turn_growth
 from policies.conversation import current_turn, current_turn_start, is_system, tool_blocks
 from policies.counting import Counter
 from policies.decision import Decision
@@ -50,9 +50,12 @@ async def compact(
     summarizer: Summarizer | None = None,
     instructions: str | None = None,
     target_tokens: int | None = None,
+    ahead_tokens: int = 0,
     message_tokens: Sequence[int] | None = None,
 ) -> Compaction:
-    """Compact `messages`, starting from `plan`, down to the target (budget's or the given).
+    """Compact `messages`, starting from `plan`, down to the policy's aim for this
+    conversation (`Policy.aim`), or to the given target; with `ahead_tokens`, as if the
+    conversation had already grown by that much.
 
     The layers only add to `plan`: its cut and its edits grow, nothing it did is undone.
     """
@@ -63,6 +66,7 @@ async def compact(
         budget=budget,
         fixed_tokens=fixed_tokens,
         target_tokens=target_tokens,
+        ahead_tokens=ahead_tokens,
         summarizer=summarizer,
         instructions=instructions,
         message_tokens=message_tokens,
@@ -70,7 +74,7 @@ async def compact(
     tokens_before = tokens = Draft(messages, plan, ctx).tokens
     decisions: list[Decision] = []
     for spec in policy.layers:
-        if tokens <= ctx.target_tokens:
+        if tokens <= ctx.aim_tokens:
             break
         changed, decision = await run_layer(spec, messages, plan, ctx)
         # A layer that does not make the view smaller (a summary header outweighing the few
@@ -79,6 +83,9 @@ async def compact(
             plan = changed
             decisions.append(decision)
             tokens = decision.tokens_after
+    truncated = bool(lost_anchors(messages, plan, ctx))
+    if truncated != plan.anchors_truncated:
+        plan = replace(plan, anchors_truncated=truncated)
     return Compaction(
         plan=plan,
         view=render(messages, plan, summary_role=policy.summary_role),
@@ -86,7 +93,7 @@ async def compact(
         tokens_before=tokens_before,
         tokens_after=tokens,
         fits=tokens <= budget.limit,
-        anchors_complete=not lost_anchors(messages, plan, ctx),
+        anchors_complete=not truncated,
         degraded=any(d.detail.startswith("degraded") for d in decisions),
         floor_tokens=ctx.floor_tokens,
     )
@@ -110,11 +117,12 @@ def make_context(
     budget: Budget,
     fixed_tokens: int = 0,
     target_tokens: int | None = None,
+    ahead_tokens: int = 0,
     summarizer: Summarizer | None = None,
     instructions: str | None = None,
     message_tokens: Sequence[int] | None = None,
 ) -> Context:
-    """The context the layers of `policy` work in for this request.
+    """The context the layers of `policy` work in for this request (see `compact`).
 
     `message_tokens`, each message's count, spares counting again what the caller counted.
     """
@@ -123,7 +131,12 @@ def make_context(
     counted = list(zip(messages, message_tokens, strict=True))
     chain = tuple(m for m, _ in counted if not is_system(m))
     chain_tokens = tuple(t for m, t in counted if not is_system(m))
-    target = budget.target_tokens if target_tokens is None else target_tokens
+    if target_tokens is None:
+        target = budget.target_tokens
+        aim = policy.aim(budget, turn_growth(chain_tokens, chain))
+    else:
+        target = aim = target_tokens
+    target, aim = max(1, target - ahead_tokens), max(1, aim - ahead_tokens)
     turn_start = current_turn_start(chain)
     turn = current_turn(chain)
     task = turn[0] if turn and turn[0] < turn_start else None
@@ -134,6 +147,7 @@ def make_context(
         system_tokens=sum(t for m, t in counted if is_system(m)),
         fixed_tokens=fixed_tokens,
         target_tokens=target,
+        aim_tokens=aim,
         limit_tokens=budget.limit,
         turn_start=turn_start,
         task=task,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.conversation import is_system
-from policies.message import Message
+from policies.message import Message, call_arguments, call_function
 from policies.summary import Summary
 
 SUMMARY_HEADING = (
@@ -27,7 +27,9 @@ class Plan:
 
     Chain positions index the non-system messages. Positions before `cut` are replaced by
     `summary`; `edits` replace (or, with None, drop) later messages; `covered` is how many
-    chain positions the plan was computed over. The empty plan changes nothing.
+    chain positions the plan was computed over; `anchors_truncated` says that its view
+    lacks anchors of what it removed (they did not fit their cap), so that every response
+    built from it says so. The empty plan changes nothing.
     """
 
     cut: int = 0
@@ -35,17 +37,17 @@ class Plan:
     edits: Mapping[int, Message | None] = field(default_factory=dict)
     anchor_block: str | None = None
     covered: int = 0
+    anchors_truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (edit keys become strings)."""
         return {
             "cut": self.cut,
-            "summary": None
-            if self.summary is None
-            else {"text": self.summary.text, "kind": self.summary.kind},
+            "summary": None if self.summary is None else _summary_dict(self.summary),
             "edits": {str(position): edit for position, edit in self.edits.items()},
             "anchor_block": self.anchor_block,
             "covered": self.covered,
+            "anchors_truncated": self.anchors_truncated,
         }
 
     @classmethod
@@ -55,10 +57,12 @@ class Plan:
             summary = data["summary"]
             plan = cls(
                 cut=int(data["cut"]),
-                summary=None if summary is None else Summary(str(summary["text"]), summary["kind"]),
+                summary=None if summary is None else _summary_of(summary),
                 edits={int(k): v for k, v in data["edits"].items()},
                 anchor_block=data["anchor_block"],
                 covered=int(data["covered"]),
+                # Absent from plans stored before it was recorded.
+                anchors_truncated=data.get("anchors_truncated", False),
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a plan: {error!r}") from error
@@ -66,11 +70,29 @@ class Plan:
             raise ValueError("not a plan: a negative position")
         if plan.summary is not None and plan.summary.kind not in ("llm", "digest"):
             raise ValueError(f"not a plan: summary kind {plan.summary.kind!r}")
+        summary = plan.summary or Summary("", "llm")
+        if summary.tail is not None and (
+            not isinstance(summary.tail, str) or summary.kind != "llm"
+        ):
+            raise ValueError("not a plan: a summary's tail is text after an LLM summary")
         if not all(edit is None or isinstance(edit, dict) for edit in plan.edits.values()):
             raise ValueError("not a plan: an edit is neither a message nor null")
         if plan.anchor_block is not None and not isinstance(plan.anchor_block, str):
             raise ValueError("not a plan: anchor_block is not text")
+        if not isinstance(plan.anchors_truncated, bool):
+            raise ValueError("not a plan: anchors_truncated is not a boolean")
         return plan
+
+
+def _summary_dict(summary: Summary) -> dict[str, Any]:
+    data: dict[str, Any] = {"text": summary.text, "kind": summary.kind}
+    if summary.tail is not None:
+        data["tail"] = summary.tail
+    return data
+
+
+def _summary_of(data: Mapping[str, Any]) -> Summary:
+    return Summary(str(data["text"]), data["kind"], data.get("tail"))
 
 
 def header_message(
@@ -80,7 +102,7 @@ def header_message(
     sections = []
     if summary is not None:
         heading = SUMMARY_HEADING if summary.kind == "llm" else DIGEST_HEADING
-        sections.append(f"{heading}\n{summary.text}")
+        sections.append(f"{heading}\n{summary.shown}")
     if anchor_block is not None:
         sections.append(f"{ANCHOR_HEADING}\n{anchor_block}")
     return {"role": role, "content": "\n\n".join(sections)} if sections else None
@@ -114,10 +136,83 @@ def render_entries(
             header = None
         edit = plan.edits.get(position - 1, message)
         if edit is not None:
-            entries.append((index, edit))
+            entries.append((index, edit if edit is message else applied_edit(edit, message)))
     if header is not None:
         entries.append((None, header))
     return entries
+
+
+def applied_edit(edit: Message, message: Message) -> Message:
+    """A stored edit applied to `message` as the client sends it now: the edit replaces the
+    content and the tool calls (or leaves them out), and only where it changed them (a
+    cleared result's content, a truncated call's arguments, a cleared image); every other
+    field, and every part and call the edit left alone, comes from `message`. So a field
+    the chain does not hash (an unknown field, a text part's extra keys) is never replayed
+    stale. `edit` itself when that is what it comes to."""
+    content = edit.get("content")
+    if (
+        (content is None or isinstance(content, str))
+        and "tool_calls" not in edit
+        and "tool_calls" not in message
+    ):
+        # The common edit, a whole text content (a cleared or truncated result): cheap, as
+        # a replayed turn applies every edit of its plan.
+        applied: Message = {**message, "content": content} if "content" in edit else message
+        return edit if applied == edit else applied
+    applied = {}
+    for key, value in message.items():
+        if key == "content":
+            applied[key] = _content(edit[key], value) if key in edit else value
+        elif key == "tool_calls":
+            if key in edit:  # else the edit removed the calls (the text of a dropped block)
+                applied[key] = _calls(edit[key], value)
+        else:
+            applied[key] = value
+    for key in ("content", "tool_calls"):
+        if key in edit and key not in message:
+            applied[key] = edit[key]
+    return edit if applied == edit else applied
+
+
+def _content(edited: Any, current: Any) -> Any:
+    if edited == current or not (
+        isinstance(edited, list) and isinstance(current, list) and len(edited) == len(current)
+    ):
+        return edited
+    pairs = zip(edited, current, strict=True)
+    return [now if _same_part(part, now) else part for part, now in pairs]
+
+
+def _same_part(part: Any, now: Any) -> bool:
+    """Whether the edit left this content part alone (text parts are the same by their text)."""
+    if part == now:
+        return True
+    return (
+        isinstance(part, dict)
+        and isinstance(now, dict)
+        and part.get("type") == now.get("type") == "text"
+        and part.get("text") == now.get("text")
+    )
+
+
+def _calls(edited: Any, current: Any) -> Any:
+    if edited == current or not (
+        isinstance(edited, list) and isinstance(current, list) and len(edited) == len(current)
+    ):
+        return edited
+    return [_call(call, now) for call, now in zip(edited, current, strict=True)]
+
+
+def _call(call: Any, now: Any) -> Any:
+    """The call as sent now, with the arguments the edit gave it (a truncation)."""
+    if call == now:
+        return now
+    if not (isinstance(call, dict) and isinstance(now, dict)):
+        return call
+    arguments = call_arguments(call)
+    if arguments == call_arguments(now):
+        return now
+    return {**now, "function": {**call_function(now), "arguments": arguments}}
 
 
 def render(messages: Sequence[Message], plan: Plan, *, summary_role: str = "user") -> list[Message]:

@@ -18,7 +18,8 @@ class Policy:
 
     The levels are fractions of the usable budget (window - reserved output - safety
     margin): a summary is prepared ahead at `prepare_at`, the conversation is compacted at
-    `compact_at`, down to `target`. The `protect_*` sizes say which recent text stays
+    `compact_at`, down to `target`; in a conversation whose turns are large, further (see
+    `aim`), down to `target_floor` at most. The `protect_*` sizes say which recent text stays
     verbatim, `anchors` (regular expressions) what must stay visible, `summary_role` the
     role of the summary message, and `layers` what runs, in order.
     """
@@ -28,6 +29,8 @@ class Policy:
     prepare_at: float = 0.75
     compact_at: float = 0.9
     target: float = 0.7
+    headroom_turns: int = 3
+    target_floor: float = 0.5
     protect_recent_rounds: int = 12
     protect_min_tokens: int = 10_000
     protect_min_text_messages: int = 5
@@ -43,9 +46,12 @@ class Policy:
             problems.append("levels must satisfy 0 < target < compact_at <= 1")
         if not 0 < self.prepare_at <= self.compact_at:
             problems.append("levels must satisfy 0 < prepare_at <= compact_at")
+        if not 0 < self.target_floor <= 1:
+            problems.append("target_floor must be in (0, 1]")
         sizes = {
             "reserved_output_tokens": self.reserved_output_tokens,
             "safety_margin_tokens": self.safety_margin_tokens,
+            "headroom_turns": self.headroom_turns,
             "protect_recent_rounds": self.protect_recent_rounds,
             "protect_min_tokens": self.protect_min_tokens,
             "protect_min_text_messages": self.protect_min_text_messages,
@@ -97,3 +103,12 @@ class Policy:
             compact_tokens=int(limit * self.compact_at),
             target_tokens=int(limit * self.target),
         )
+
+    def aim(self, budget: Budget, growth: int) -> int:
+        """How far a compaction goes: the target, or, in a conversation whose turns add
+        `growth` tokens each, low enough that `headroom_turns` more fit under the compact
+        level before the next compaction (so that providers' caches keep hitting); never
+        below `target_floor` of the budget. Small turns leave it at the target."""
+        room = budget.compact_tokens - self.headroom_turns * growth
+        floor = min(int(budget.limit * self.target_floor), budget.target_tokens)
+        return max(min(budget.target_tokens, room), floor)

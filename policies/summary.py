@@ -11,12 +11,25 @@ from policies.message import Message
 SummaryKind = Literal["llm", "digest"]
 
 
+TAIL_HEADING = "[Digest of the messages after that summary, extracted mechanically:]"
+
+
 @dataclass(frozen=True)
 class Summary:
-    """Text standing for the evicted prefix: an LLM summary or a mechanical digest."""
+    """Text standing for the evicted prefix: an LLM summary or a mechanical digest.
+
+    `tail` is a digest of what was evicted after an LLM summary while the summarizer failed:
+    the summary stays as it was, and the next LLM summary rolls the tail in.
+    """
 
     text: str
     kind: SummaryKind
+    tail: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """What the view shows of it."""
+        return self.text if self.tail is None else f"{self.text}\n\n{TAIL_HEADING}\n{self.tail}"
 
 
 @dataclass(frozen=True)

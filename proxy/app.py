@@ -65,7 +65,7 @@ class Proxy:
         self.limits = ModelLimits(config)
         self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open)
         self.prepared = PreparedSummaries(
-            self.sessions, Summarizers(config, client, self.limits, metrics)
+            self.sessions, Summarizers(config, client, self.limits, metrics), metrics
         )
         self.calibration = Calibration()
         self.compactor = Compactor(

@@ -1,16 +1,24 @@
 """Calibration: how many tokens the upstream counts for each token the proxy counts.
 
 Learnt per session from the `usage` the upstream reports for what was forwarded, and kept
-with the session's state so another replica starts from it.
+with the session's state so another replica starts from it. The budget is then scaled by it
+(`policies.Budget.scaled`).
+
+The upstream's count is preferred to the proxy's guess: a ratio above the current one is
+taken at once (under-counting is what overflows a window); a lower one is approached by
+halving the gap in log space each turn, so a ratio learnt from one part of a conversation
+(images, a block of CJK text) fades once that part is gone. A model counted exactly keeps
+its ratio at 1 or above: calibration may tighten its budget (media the proxy under-counts),
+never let the proxy's own exact count go over it (media it over-counts stay over-counted).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 
-import policies
-
-MIN_RATIO, MAX_RATIO = 0.5, 2.0
+# chars/4 counts code and English a little high (ratios of about 0.8), CJK text about four
+# times too low, emoji and rare scripts up to about ten times: these bounds hold them all.
+MIN_RATIO, MAX_RATIO = 0.25, 16.0
 MAX_SESSIONS = 100_000
 
 
@@ -21,29 +29,28 @@ class Calibration:
         self._ratios: dict[str, float] = {}
 
     def ratio(self, key: str) -> float | None:
+        """The ratio this process learnt for the session, if any."""
         return self._ratios.get(key)
 
-    def observe(self, key: str, upstream_tokens: int, counted_tokens: int) -> None:
+    def effective(self, key: str, stored: float | None, *, exact: bool) -> float:
+        """The ratio to count this session's next request with: learnt here, else stored
+        with the session, else 1; never under 1 for a model counted exactly."""
+        ratio = self._ratios.get(key) or stored or 1.0
+        return bounded(ratio, exact=exact)
+
+    def observe(self, key: str, upstream_tokens: int, counted_tokens: int, *, exact: bool) -> None:
         """The upstream counted `upstream_tokens` for what the proxy counted as
-        `counted_tokens`: move the session's ratio halfway towards it."""
+        `counted_tokens`: learn the session's ratio from it."""
         if upstream_tokens <= 0 or counted_tokens <= 0:
             return
-        ratio = min(MAX_RATIO, max(MIN_RATIO, upstream_tokens / counted_tokens))
+        observed = bounded(upstream_tokens / counted_tokens, exact=exact)
         old = self._ratios.get(key)
         if old is None and len(self._ratios) >= MAX_SESSIONS:
             self._ratios.pop(next(iter(self._ratios)))
-        self._ratios[key] = ratio if old is None else 0.5 * old + 0.5 * ratio
+        if old is not None and observed < old:
+            observed = math.sqrt(old * observed)
+        self._ratios[key] = observed
 
 
-def in_counted_tokens(budget: policies.Budget, ratio: float) -> policies.Budget:
-    """The budget in the counter's tokens when the upstream counts `ratio` times as many:
-    every level, the target too, then holds in the upstream's own tokens."""
-    if ratio == 1.0:
-        return budget
-    return dataclasses.replace(
-        budget,
-        limit=int(budget.limit / ratio),
-        prepare_tokens=int(budget.prepare_tokens / ratio),
-        compact_tokens=int(budget.compact_tokens / ratio),
-        target_tokens=int(budget.target_tokens / ratio),
-    )
+def bounded(ratio: float, *, exact: bool) -> float:
+    return min(MAX_RATIO, max(1.0 if exact else MIN_RATIO, ratio))

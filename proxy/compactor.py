@@ -17,13 +17,13 @@ import time
 import policies
 from policies.memory import memory_candidates
 
-from .ahead import PreparedSummaries
-from .calibration import Calibration, in_counted_tokens
+from .ahead import Bounded, PreparedSummaries
+from .calibration import Calibration
 from .dialects import Entries
-from .errors import ContextLengthExceeded
+from .errors import ContextLengthExceeded, SummaryPending
 from .limits import ModelLimits
 from .memo import MessageDigests, content_keys
-from .sessions import Sessions
+from .sessions import Lock, Sessions
 from .state import Branch, SessionState, decision_record
 from .summarizer import lock_seconds
 from .turn import ClientRequest, Turn
@@ -117,6 +117,11 @@ class Compactor:
         forward = await self._compact(turn, previous.tokens_before, None, target)
         return dataclasses.replace(forward, can_retry=False)
 
+    def calibrate(self, request: ClientRequest, forward: Forward, upstream_tokens: int) -> None:
+        """The upstream counted `upstream_tokens` for what was forwarded: learn from it."""
+        exact = self.limits.limits(request.parsed.model).counter.mode == "exact"
+        self.calibration.observe(request.key, upstream_tokens, forward.tokens_after, exact=exact)
+
     async def _turn(self, request: ClientRequest) -> Turn:
         limits = self.limits.limits(request.parsed.model, request.upstream)
         if request.window is not None:
@@ -125,8 +130,9 @@ class Compactor:
         budget = request.policy.compaction.budget(
             limits.window, limits.max_output, request.parsed.max_output
         )
-        ratio = self.calibration.ratio(request.key) or loaded.state.calibration or 1.0
-        budget = in_counted_tokens(budget, ratio)
+        exact = limits.counter.mode == "exact"
+        ratio = self.calibration.effective(request.key, loaded.state.calibration, exact=exact)
+        budget = budget.scaled(ratio)
         messages = request.messages
         keys = content_keys(messages)
         counts = limits.counter.counts(messages, keys)
@@ -152,6 +158,8 @@ class Compactor:
         result: policies.Compaction | None = None,
     ) -> Forward:
         request = turn.request
+        # A replayed plan says what it said when it was made: its anchors were cut.
+        plan = result.plan if result else turn.plan if entries is not None else None
         marks = request.policy.cache_breakpoints and request.dialect.marks_cache
         if entries is None and marks:
             entries = list(enumerate(request.messages))
@@ -167,7 +175,7 @@ class Compactor:
             tokens_before,
             tokens_after,
             result.decisions if result else (),
-            anchors_complete=result.anchors_complete if result else True,
+            anchors_complete=plan is None or not plan.anchors_truncated,
             reserved_output=turn.budget.reserved_output,
             window_source=turn.limits.window_source,
         )
@@ -176,10 +184,15 @@ class Compactor:
         self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None
     ) -> Forward:
         request = turn.request
-        fence = None
+        llm = self.prepared.bounded(turn)
+        saved: policies.Plan | None = None  # a degraded plan, as stored
+        lock = Lock(None)
         if turn.loaded.available:
             ttl = lock_seconds(request.policy)
-            fence = await self.sessions.lock(request.key, ttl, wait=True)
+            # Another request's compaction or summary is waited for no longer than a summary.
+            wait = request.policy.summarizer.request_wait_seconds
+            lock = await self.sessions.lock(request.key, ttl, wait=wait)
+        fence = lock.token
         try:
             # Another request may have compacted the session meanwhile (this one waited for
             # its lock): replay that plan when it is enough, except on the reactive path.
@@ -187,9 +200,16 @@ class Compactor:
                 replayed = await self._replayed_after_wait(turn, tokens_before)
                 if replayed is not None:
                     return replayed
+            if lock.busy and target is None:
+                fitting = self._fitting(turn, tokens_before)
+                if fitting is not None:
+                    return fitting
             result = await turn.compact(
+                # Still busy elsewhere (a summary being prepared): the digest, no LLM call.
                 # Instructions are for a new summary: a prepared one never saw them.
-                self.prepared.summarizer(turn, use_prepared=not instructions),
+                _elsewhere
+                if lock.busy and instructions is None
+                else self.prepared.summarizer(turn, llm, use_prepared=not instructions),
                 instructions=instructions or None,
                 target_tokens=target,
             )
@@ -202,16 +222,47 @@ class Compactor:
                 # the request as it is and let the upstream judge. Nothing is stored: a plan
                 # made from a wrong guess would strip every later turn of the session.
                 return self._forward(turn, None, "none", tokens_before, tokens_before)
+            written = False
             if result.plan != turn.plan or instructions is not None:
-                await self._save(turn, result, fence)
+                written = await self._save(turn, result, fence)
+            saved = result.plan if written and result.degraded else None
         finally:
             if fence is not None:
                 await self.sessions.unlock(request.key, fence)
+            # A summary that came too late takes the place of the digest it left, once done.
+            if llm is not None and llm.late is not None and saved is not None:
+                self.prepared.settle(
+                    turn, saved, llm.late, instructions=instructions, target=target
+                )
+            elif llm is not None:
+                llm.drop()
+        self._count_summary(result, llm)
         action = "degraded" if result.degraded else "compacted"
         entries = policies.render_entries(
             request.messages, result.plan, summary_role=request.policy.compaction.summary_role
         )
         return self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
+
+    def _count_summary(self, result: policies.Compaction, llm: Bounded | None) -> None:
+        """What stood for the evicted history of a compaction that summarised it."""
+        detail = next((d.detail for d in result.decisions if d.layer == "summarize"), "")
+        if detail == "llm":
+            kind = "llm" if llm is not None and llm.calls else "prepared"
+        elif detail.startswith("degraded"):
+            kind = "digest"
+        else:
+            return
+        self.prepared.metrics.compaction_summaries.labels(kind).inc()
+
+    def _fitting(self, turn: Turn, tokens_before: int) -> Forward | None:
+        """The request as the session's plan makes it, when it is at the compaction level but
+        still within the limit: its compaction waits for the summary being made."""
+        entries = self._entries(turn)
+        tokens = tokens_before if entries is None else turn.tokens([m for _, m in entries])
+        if tokens > turn.budget.limit or turn.loaded.state.pending is not None:
+            return None
+        action = "none" if entries is None else "replayed"
+        return self._forward(turn, entries, action, tokens_before, tokens)
 
     async def _replayed_after_wait(self, turn: Turn, tokens_before: int) -> Forward | None:
         """The session's new plan replayed, when another request changed it meanwhile and it
@@ -228,7 +279,8 @@ class Compactor:
             return None
         return self._forward(turn, entries, "replayed", tokens_before, tokens)
 
-    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> None:
+    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> bool:
+        """Store the compaction's plan for its branch; whether it was written."""
         request = turn.request
         old, new = turn.plan, result.plan
         chain = [m for m in request.messages if not policies.is_system(m)]
@@ -251,7 +303,11 @@ class Compactor:
                 calibration=calibration or state.calibration,
             )
 
-        await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
+        return await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)
+
+
+async def _elsewhere(request: policies.SummaryRequest) -> str:
+    raise SummaryPending("the session's summary is being made by another request")
 
 
 def _overflow_message(turn: Turn, result: policies.Compaction) -> str:

@@ -5,6 +5,7 @@
     ├── NoRoute               no configured upstream serves this request's API (proxy.config)
     ├── StreamBroken          an upstream stopped sending in the middle of a body
     ├── SummaryFailed         the summarizer gave no usable summary
+    │   └── SummaryPending        not within the request's wait: finished in the background
     ├── RecordingError        a recorded file cannot be read (proxy.recordings)
     │   └── ReplayError           a recorded request cannot be replayed (proxy.replay)
     ├── ChartError            a replay's chart cannot be drawn (proxy.chart)
@@ -42,6 +43,11 @@ class StreamBroken(ProxyError):
 
 class SummaryFailed(ProxyError):
     """The summarizer gave no usable summary (error, timeout, empty, or cooling down)."""
+
+
+class SummaryPending(SummaryFailed):
+    """The summary was not ready within the time a request waits for it; it is finished in
+    the background and takes the digest's place from the next turn."""
 
 
 class APIError(ProxyError):

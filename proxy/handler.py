@@ -263,9 +263,7 @@ class Handler:
         if usage is None:
             return
         if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
-            self.compactor.calibration.observe(
-                request.key, usage.prompt_tokens, forward.tokens_after
-            )
+            self.compactor.calibrate(request, forward, usage.prompt_tokens)
         dialect = self.dialect.name
         self.metrics.upstream_prompt_tokens.labels(dialect).inc(usage.prompt_tokens)
         if usage.cached_tokens:

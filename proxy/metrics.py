@@ -112,6 +112,21 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.compaction_summaries = Counter(
+            "compaction_proxy_compaction_summaries",
+            "Compactions that summarised evicted history, by what stood for it: llm (a summary"
+            " on the request path), prepared (made ahead of time), digest (the summarizer failed"
+            " or was late), settled (a late summary took the digest's place afterwards).",
+            ["summary"],
+            registry=r,
+        )
+        self.cooldowns = Counter(
+            "compaction_proxy_summarizer_cooldowns",
+            "Summarizer breakers tripped after repeated failure, by what was cooled: one"
+            " credential (refused or rate-limited) or one upstream (errors, timeouts).",
+            ["scope"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

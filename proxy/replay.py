@@ -134,7 +134,7 @@ class Replay:
         summarizers = (
             Summarizers(config, self.client, self.limits, metrics) if self.client else _DigestOnly()
         )
-        self.prepared = PreparedSummaries(self.sessions, summarizers)
+        self.prepared = PreparedSummaries(self.sessions, summarizers, metrics)
         self.compactor = Compactor(
             self.sessions,
             self.limits,

@@ -71,6 +71,15 @@ class Loaded:
         return self.store == "ok"
 
 
+@dataclasses.dataclass(frozen=True)
+class Lock:
+    """A session's lock as asked for: its fencing token, or None when the store failed or
+    when another held it (`busy`) for longer than the caller would wait."""
+
+    token: int | None
+    busy: bool = False
+
+
 class Sessions:
     """Session state in a `SessionStore`, as the request path and the admin API use it."""
 
@@ -103,13 +112,17 @@ class Sessions:
         loaded: Loaded | None = None,
     ) -> bool:
         """Compare-and-set `change(state)`, re-reading on a conflict (a capped number of
-        times): whether it was written. `loaded` is the state the caller already read."""
+        times): whether it was written. `loaded` is the state the caller already read; a
+        change that returns the state itself writes nothing."""
         for _ in range(CAS_ATTEMPTS):
             if loaded is None:
                 loaded = await self.load(key)
             if not loaded.available:
                 return False
-            data = change(loaded.state).to_bytes()
+            changed = change(loaded.state)
+            if changed is loaded.state:
+                return False
+            data = changed.to_bytes()
             try:
                 written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
             except StoreUnavailable:
@@ -121,18 +134,20 @@ class Sessions:
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
         return False
 
-    async def lock(self, key: str, ttl: float, *, wait: bool) -> int | None:
-        """The session's lock (a fencing token); None when the store failed, or when another
-        holds it (compacting or preparing a summary) beyond what the caller may wait."""
-        deadline = time.monotonic() + ttl
+    async def lock(self, key: str, ttl: float, *, wait: float = 0.0) -> Lock:
+        """The session's lock for `ttl` seconds, waiting up to `wait` seconds while another
+        holds it (compacting, or preparing a summary)."""
+        deadline = time.monotonic() + wait
         while True:
             try:
                 token = await self.store.acquire_lock(key, ttl)
             except StoreUnavailable:
                 self._failed("lock")
-                return None
-            if token is not None or not wait or time.monotonic() >= deadline:
-                return token
+                return Lock(None)
+            if token is not None:
+                return Lock(token)
+            if time.monotonic() >= deadline:
+                return Lock(None, busy=True)
             await asyncio.sleep(LOCK_POLL_SECONDS)
 
     async def unlock(self, key: str, token: int) -> None:

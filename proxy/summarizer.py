@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import policies
 from policies.message import call_arguments, call_name, tool_calls
@@ -63,24 +64,42 @@ def transcript(messages: list[policies.Message]) -> str:
 
 
 def text_hash(summary: policies.Summary | None) -> str:
-    text = summary.text if summary else ""
+    text = summary.shown if summary else ""
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
+Scope = Literal["credential", "upstream"]
+# What says that the credential, not the upstream, failed: it is refused or over its limits.
+CREDENTIAL_STATUSES = frozenset({401, 403, 429})
+
+
 class Cooldowns:
-    """After repeated failure, no new attempt for a while (a circuit breaker)."""
+    """After repeated failure, no new attempt for a while (circuit breakers), each keyed by
+    what failed: one credential, or one upstream for one model."""
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        # Credentials are keyed by a keyed hash, so the breakers never hold one.
+        self._salt = os.urandom(16)
 
     def cooling(self, key: str) -> bool:
         return time.monotonic() < self._until.get(key, 0.0)
 
     def trip(self, key: str, seconds: float) -> None:
         now = time.monotonic()
-        # Breakers that have cooled down go: keys come from clients (models, tenants).
+        # Breakers that have cooled down go: keys come from clients (models, credentials).
         self._until = {k: until for k, until in self._until.items() if until > now}
         self._until[key] = now + seconds
+
+    def credential_key(self, upstream: str, credential: str) -> str:
+        digest = hashlib.blake2b(credential.encode(), key=self._salt, digest_size=12)
+        return f"credential:{upstream}:{digest.hexdigest()}"
+
+
+class _Status(SummaryFailed):  # a signal inside this module: the upstream's status
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
 
 
 class SummarizerFactory(Protocol):
@@ -117,9 +136,6 @@ class Summarizers:
         limits = self.limits.limits(model, chosen)
         # The caller's credential only ever goes where the caller's request goes.
         credentials = request.credentials if chosen is upstream else ()
-        # Failures with a caller's own credential (a wrong key, its own quota) trip the
-        # breaker of that caller only.
-        breaker = f"{chosen.name}/{model}" + (f"/{request.tenant}" if credentials else "")
         return LLMSummarizer(
             self.client,
             chosen,
@@ -128,7 +144,6 @@ class Summarizers:
             model,
             settings,
             credentials=credentials,
-            breaker=breaker,
             counter=limits.counter,
             window=limits.window,
             metrics=self.metrics,
@@ -154,7 +169,6 @@ class LLMSummarizer:
         settings: SummarizerSettings,
         *,
         credentials: Sequence[tuple[str, str]],
-        breaker: str,
         counter: policies.Counter,
         window: int,
         metrics: Metrics,
@@ -166,12 +180,21 @@ class LLMSummarizer:
         self.model = model
         self.settings = settings
         self.credentials = credentials  # held for this task only, never stored
-        self.breaker = breaker  # the key of its circuit breaker in `cooldowns`
         self.counter = counter
         self.window = window
         self.metrics = metrics
         self.cooldowns = cooldowns
         self.calls = 0
+
+    @property
+    def breakers(self) -> dict[Scope, str]:
+        """The breaker of each thing a failure can be blamed on: the credential the calls
+        carry (the upstream's own key, else the caller's), and the upstream for this model."""
+        credential = self.upstream.api_key or "\n".join(v for _, v in sorted(self.credentials))
+        return {
+            "credential": self.cooldowns.credential_key(self.upstream.name, credential),
+            "upstream": f"upstream:{self.upstream.name}/{self.model}",
+        }
 
     async def __call__(self, request: policies.SummaryRequest) -> str:
         previous = request.previous
@@ -185,7 +208,7 @@ class LLMSummarizer:
         """Groups of evicted messages whose prompt fits the summarizer's own window."""
         fixed = self.counter.text(SYSTEM_PROMPT) + request.max_tokens + 64
         if request.previous is not None:
-            fixed += self.counter.text(request.previous.text)
+            fixed += self.counter.text(request.previous.shown)
         room = max(256, self.window - fixed - max(256, self.window // 10))
         chunks: list[list[policies.Message]] = [[]]
         size = 0
@@ -205,7 +228,8 @@ class LLMSummarizer:
         max_tokens: int,
         instructions: str | None,
     ) -> str:
-        if self.cooldowns.cooling(self.breaker):
+        breakers = self.breakers
+        if any(self.cooldowns.cooling(key) for key in breakers.values()):
             self.metrics.summaries.labels("cooling_down").inc()
             raise SummaryFailed("summarizer cooling down after repeated failures")
         body = self.dialect.summary_body(
@@ -218,26 +242,29 @@ class LLMSummarizer:
         headers = [("Content-Type", "application/json"), SUMMARY_HEADER, *self.credentials]
         carried = {name.lower() for name, _ in self.credentials}
         headers += [(n, v) for n, v in self.dialect.call_headers.items() if n not in carried]
-        failure = "no attempt"
+        failure: str = "no attempt"
+        scope: Scope = "upstream"
         for _ in range(1 + self.settings.retries):
             self.calls += 1
             try:
                 async with asyncio.timeout(self.settings.timeout_seconds):
                     text = await self._attempt(headers, body)
             except TimeoutError:
-                failure = "timeout"
-            except SummaryFailed as exc:
-                failure = str(exc)
+                failure, scope = "timeout", "upstream"
             except Exception as exc:  # every failure is retried, then degrades
-                failure = type(exc).__name__
+                failure, scope = _blamed(exc)
             else:
                 if text:
                     self.metrics.summaries.labels("ok").inc()
                     return text
-                failure = "empty"
+                failure, scope = "empty", "upstream"
             self.metrics.summaries.labels(failure if failure in _OUTCOMES else "error").inc()
-        self.cooldowns.trip(self.breaker, self.settings.cooldown_seconds)
-        log.warning("summarizer failed", extra={"reason": failure, "upstream": self.upstream.name})
+        self.cooldowns.trip(breakers[scope], self.settings.cooldown_seconds)
+        self.metrics.cooldowns.labels(scope).inc()
+        log.warning(
+            "summarizer failed",
+            extra={"reason": failure, "upstream": self.upstream.name, "cooling": scope},
+        )
         raise SummaryFailed(failure)
 
     async def _attempt(self, headers: list[tuple[str, str]], body: bytes) -> str:
@@ -251,11 +278,19 @@ class LLMSummarizer:
         finally:
             response.release()
         if response.status != 200:
-            raise SummaryFailed(f"status {response.status}")
+            raise _Status(response.status)
         return self.dialect.summary_text(payload).strip()
 
 
 _OUTCOMES = {"timeout", "empty", "overlong"}
+
+
+def _blamed(exc: Exception) -> tuple[str, Scope]:
+    """Why an attempt failed, and what to cool: the credential when the upstream refused it
+    or rate-limited it, else the upstream (errors, timeouts, answers that were no summary)."""
+    if isinstance(exc, _Status) and exc.status in CREDENTIAL_STATUSES:
+        return str(exc), "credential"
+    return (str(exc) if isinstance(exc, SummaryFailed) else type(exc).__name__), "upstream"
 
 
 def _prompt(
@@ -265,6 +300,8 @@ def _prompt(
     if previous is not None:
         kind = "summary" if previous.kind == "llm" else "mechanical digest"
         parts.append(f"Previous {kind}:\n{previous.text}")
+        if previous.tail:
+            parts.append(f"Mechanical digest of the messages after that summary:\n{previous.tail}")
     parts.append(f"New messages:\n{transcript(messages)}")
     if instructions:
         parts.append(f"Additional instructions for this summary:\n{instructions}")

@@ -72,6 +72,7 @@ class Turn:
         summarizer: policies.Summarizer | None,
         *,
         target_tokens: int | None = None,
+        ahead_tokens: int = 0,
         instructions: str | None = None,
     ) -> policies.Compaction:
         """The policy's layers over this request, from the branch's plan."""
@@ -86,6 +87,7 @@ class Turn:
             summarizer=summarizer,
             instructions=instructions,
             target_tokens=target_tokens,
+            ahead_tokens=ahead_tokens,
         )
 
     def reload(self, loaded: Loaded) -> None:

@@ -228,6 +228,15 @@ class Conversation:
         return other
 
 
+def grow_to_prepare(h: Harness, chat: Conversation) -> None:
+    """Say new things until the proxy starts preparing a summary (in the background)."""
+    prepare = h.budget(chat.model).prepare_tokens
+    for _ in range(30):
+        if int(chat.say()["x-compaction-tokens-after"]) >= prepare:
+            return
+    raise AssertionError("the prepare level was not reached")
+
+
 def prepare_ahead(h: Harness, chat: Conversation, limit: int = 30) -> Prepared:
     """Say new things until the proxy prepares a summary ahead of time; that summary."""
     prepare = h.budget(chat.model).prepare_tokens

@@ -60,7 +60,10 @@ def parts(store: MemoryStore | None = None, *, fail_open: bool = True) -> Parts:
     summarizer = FakeSummarizer()
     sessions = Sessions(store, metrics, fail_open=fail_open)
     compactor = Compactor(
-        sessions, ModelLimits(config), PreparedSummaries(sessions, summarizer), Calibration()
+        sessions,
+        ModelLimits(config),
+        PreparedSummaries(sessions, summarizer, metrics),
+        Calibration(),
     )
     return Parts(config, store, summarizer, compactor, metrics)
 

@@ -90,6 +90,7 @@ policies:
       retries: 1
       cooldown_seconds: 4
       temperature: 0.0
+      request_wait_seconds: 1.5
     cache_breakpoints: false
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
@@ -152,6 +153,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (compaction.reserved_output_tokens, compaction.safety_margin_tokens) == (2048, 128)
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
     assert not policy.cache_breakpoints and config.policies["cheap"].cache_breakpoints
+    assert policy.summarizer.request_wait_seconds == 1.5
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
     assert [name for name, _ in compaction.layers] == [

@@ -43,6 +43,10 @@ def problems(text: str) -> list[str]:
             "missing ), unterminated subpattern at position 0",
         ),
         (
+            MINIMAL + "policies:\n  default:\n    summarizer: {request_wait_seconds: 0}\n",
+            "policies.default.summarizer.request_wait_seconds (<config>, line 6): must be positive",
+        ),
+        (
             MINIMAL + "store:\n  url: ftp://x\n",
             "store.url (<config>, line 5): must start with memory://, redis:// or rediss://",
         ),

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from policies import Policy
 from policies.budget import MIN_TARGET_TOKENS
+from policies.context import turn_growth
 
 POLICY = {
     "reserved_output_tokens": 4096,
@@ -17,6 +18,8 @@ POLICY = {
     "prepare_at": 0.6,
     "compact_at": 0.85,
     "target": 0.45,
+    "headroom_turns": 3,
+    "target_floor": 0.3,
 }
 
 
@@ -88,9 +91,30 @@ def test_a_usable_budget_always_leaves_room_to_compact_into(
         ({"prepare_at": 0}, "levels must satisfy 0 < prepare_at <= compact_at"),
         ({"prepare_at": 0.9}, "levels must satisfy 0 < prepare_at <= compact_at"),
         ({"safety_margin_tokens": -1}, "safety_margin_tokens must not be negative"),
+        ({"headroom_turns": -1}, "headroom_turns must not be negative"),
+        ({"target_floor": 0}, "target_floor must be in (0, 1]"),
         ({"window": -1}, "the window must not be negative"),
     ],
 )
 def test_budget_rejects_nonsense(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         budget(**changes)
+
+
+def test_the_aim_leaves_room_for_the_next_turns_down_to_the_floor() -> None:
+    b = budget()  # limit 6044: compact at 5137, target 2719, floor 1813
+    policy = Policy(**POLICY)
+    assert policy.aim(b, 0) == policy.aim(b, 700) == b.target_tokens  # small turns: no change
+    assert policy.aim(b, 1000) == b.compact_tokens - 3 * 1000  # three such turns fit
+    assert policy.aim(b, 5000) == int(b.limit * 0.3)  # never below the floor
+    assert Policy(**{**POLICY, "headroom_turns": 0}).aim(b, 5000) == b.target_tokens
+    # A floor above the target leaves the target as it is.
+    assert Policy(**{**POLICY, "target_floor": 0.8}).aim(b, 5000) == b.target_tokens
+
+
+def test_the_growth_of_a_turn_is_the_mean_of_the_newest_turns() -> None:
+    chain = [{"role": r} for r in ("user", "assistant", "user", "assistant", "tool", "tool")]
+    tokens = [5, 10, 20, 30, 40, 50]
+    assert turn_growth(tokens, chain) == (10 + 20 + 30 + 40 + 50) // 2
+    assert turn_growth(tokens, chain, turns=1) == 30 + 40 + 50
+    assert turn_growth([5], [{"role": "user"}]) == 0

@@ -1,10 +1,11 @@
-"""The mechanical digest: its sections, its cap, and how it rolls earlier summaries in."""
+"""The mechanical digest: its sections, its cap, and how it rolls an earlier digest in."""
 
 from __future__ import annotations
 
 import json
 
-from policies import Summary, digest
+from policies import digest
+from policies.digest import telling
 from tests.conversations import CharCounter
 
 COUNTER = CharCounter()
@@ -36,7 +37,8 @@ def test_digest_has_one_section_per_kind_of_item() -> None:
     assert digest(None, EVICTED, max_tokens=500, counter=COUNTER) == "\n".join(
         [
             "User requests:",
-            "- Please book flight HAT123 for Mia. I prefer aisle seats.",
+            "- Please book flight HAT123 for Mia.",
+            "- I prefer aisle seats.",
             "Decisions:",
             "- I will book HAT123 now.",
             "Tool calls:",
@@ -69,22 +71,62 @@ def test_digest_shortens_long_items() -> None:
 def test_a_previous_digest_is_extended() -> None:
     first = digest(None, EVICTED, max_tokens=500, counter=COUNTER)
     more = [{"role": "user", "content": "Also add insurance."}]
-    rolled = digest(Summary(first, "digest"), more, max_tokens=500, counter=COUNTER)
-    assert rolled.splitlines()[:3] == [
+    rolled = digest(first, more, max_tokens=500, counter=COUNTER)
+    assert rolled.splitlines()[:4] == [
         "User requests:",
-        "- Please book flight HAT123 for Mia. I prefer aisle seats.",
+        "- Please book flight HAT123 for Mia.",
+        "- I prefer aisle seats.",
         "- Also add insurance.",
     ]
     assert "- book: Error: payment failed (card 7447)" in rolled.splitlines()
 
 
-def test_a_previous_llm_summary_is_kept_first_and_shortened() -> None:
-    previous = Summary("Goal: book a trip for Mia. " * 40, "llm")
-    rolled = digest(previous, EVICTED, max_tokens=300, counter=COUNTER)
-    earlier, _, rest = rolled.partition("\nUser requests:\n")
-    assert earlier.startswith("Earlier summary:\nGoal: book a trip for Mia.")
-    assert COUNTER.text(earlier) <= 100
-    assert "- I will book HAT123 now." in rest
+def test_an_earlier_summary_block_of_an_older_digest_is_not_taken_for_items() -> None:
+    older = "Earlier summary:\n- Goal: a trip\nUser requests:\n- Add insurance."
+    rolled = digest(older, [], max_tokens=300, counter=COUNTER)
+    assert rolled == "User requests:\n- Add insurance."
+
+
+def test_what_the_user_said_comes_before_chatter_and_tool_noise() -> None:
+    evicted = [
+        {"role": "user", "content": "Hi there, hope you are well. My order is 88213."},
+        {"role": "assistant", "content": "I will look it up. " + "Let me check. " * 30},
+        *EVICTED[1:3],
+        {"role": "user", "content": "Thanks a lot, that is kind."},
+    ]
+    # Room for a few lines: the user's fact and requirement first, then the rest.
+    text = digest(None, evicted, max_tokens=15, counter=COUNTER)
+    assert text.splitlines() == ["User requests:", "- My order is 88213."]
+    fuller = digest(None, evicted, max_tokens=200, counter=COUNTER).splitlines()
+    assert fuller[:3] == ["User requests:", "- My order is 88213.", "- Thanks a lot, that is kind."]
+    assert "Tool calls:" in fuller and "Decisions:" in fuller
+
+
+def test_a_long_sentence_keeps_the_clauses_that_tell() -> None:
+    rambling = "well we have been going back and forth on it all week long " * 3
+    evicted = [{"role": "user", "content": f"So {rambling}, and the budget is $4,500 in the end."}]
+    (line,) = digest(None, evicted, max_tokens=200, counter=COUNTER).splitlines()[1:]
+    assert line == "- … the budget is $4,500 in the end."
+
+
+def test_requirements_names_dates_and_quotes_tell() -> None:
+    for sentence in (
+        "Never book a red-eye.",
+        "We want the aisle.",
+        "Invite Dr Okafor too.",
+        "It was on the fourth of May.",
+        'Call it "blue lagoon".',
+        "Mail me at mia@example.com.",
+    ):
+        assert telling(sentence), sentence
+    for sentence in ("Thanks, that is kind.", "Let me know if you need anything.", "Hm, ok."):
+        assert not telling(sentence), sentence
+
+
+def test_what_the_view_still_shows_is_left_out() -> None:
+    evicted = [{"role": "user", "content": "My order is 88213. Please rush it."}]
+    text = digest(None, evicted, max_tokens=200, counter=COUNTER, shown="x My order is 88213. y")
+    assert text.splitlines() == ["User requests:", "- Please rush it."]
 
 
 def test_nothing_to_tell_is_an_empty_digest() -> None:

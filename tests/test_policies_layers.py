@@ -4,6 +4,7 @@ properties over random conversations, and examples of each layer's exact output.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -30,6 +31,7 @@ from policies import (
 from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import SHORTENED, TrimHeadParams
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
+from policies.summary import TAIL_HEADING
 from tests.conversations import (
     ANCHOR,
     CLEARED,
@@ -41,7 +43,7 @@ from tests.conversations import (
 )
 
 COUNTER = CharCounter()
-POLICY = Policy(anchors=(ANCHOR,))
+POLICY = Policy(anchors=(ANCHOR,), headroom_turns=0)  # each layer aims at the target
 SYSTEM = {"role": "system", "content": "You are a helpful agent."}
 
 
@@ -430,6 +432,31 @@ async def test_a_failed_summary_falls_back_to_the_digest(answer, detail) -> None
     assert render(messages, plan)[1]["content"].startswith(DIGEST_HEADING)
 
 
+async def test_a_failed_summary_after_an_llm_summary_keeps_it_and_digests_the_rest() -> None:
+    messages = chat(12, 60)
+    first, _ = await run("summarize", messages, Plan(), context(messages, 4096, summarizer=echo))
+    assert first.summary is not None and first.summary.kind == "llm"
+    longer = [*messages, {"role": "assistant", "content": text(300)}, *chat(6, 60)[1:]]
+    ctx = context(longer, 4096, summarizer=Recorder(failing))
+    second, (decision,) = await run("summarize", longer, first, ctx)
+    # The LLM summary stays as it was; only what is evicted now is digested, after it.
+    assert second.summary == Summary(first.summary.text, "llm", second.summary.tail)
+    assert second.summary.tail is not None and second.summary.tail.startswith("User requests:")
+    said = {int(n) for n in re.findall(r"question (\d+)", second.summary.tail)}
+    assert said and said <= set(range(first.cut // 2, second.cut // 2))
+    assert decision.detail == "degraded: TimeoutError"
+    assert decision.tokens_after <= ctx.target_tokens
+    header = render(longer, second)[1]["content"]
+    assert header.startswith(f"{SUMMARY_HEADING}\n{first.summary.text}\n\n{TAIL_HEADING}\n")
+
+    # The next LLM summary rolls the summary and its digest in.
+    recorder = Recorder()
+    longest = [*longer, {"role": "assistant", "content": text(300)}, *chat(6, 60)[1:]]
+    third, _ = await run("summarize", longest, second, context(longest, 4096, summarizer=recorder))
+    assert recorder.requests[0].previous == second.summary
+    assert third.summary is not None and third.summary.tail is None
+
+
 async def test_without_a_summarizer_the_digest_is_the_summary() -> None:
     messages = chat(12, 60)
     plan, (decision,) = await run("summarize", messages, Plan(), context(messages, 4096))
@@ -494,6 +521,17 @@ async def test_trim_head_shortens_a_summary_that_leaves_no_room() -> None:
     assert new.summary.text.startswith("summ") and new.summary.text.endswith(f"\n{SHORTENED}")
     assert decision.tokens_after <= ctx.target_tokens
     assert "summary shortened" in decision.detail
+
+
+async def test_trim_head_shortens_the_digest_after_an_llm_summary_first() -> None:
+    messages = chat(3, 10)
+    summary = Summary(text(300, "summ"), "llm", text(2000, "tail"))
+    ctx = context(messages, 4096)
+    plan = Plan(cut=2, summary=summary, covered=7)
+    new, (decision,) = await run("trim_head", messages, plan, ctx, TrimHeadParams())
+    assert new.summary is not None and new.summary.text == summary.text
+    assert new.summary.tail is None or new.summary.tail.endswith(f"\n{SHORTENED}")
+    assert decision.tokens_after <= ctx.target_tokens
 
 
 async def test_trim_head_keeps_the_newest_anchors_of_what_it_drops() -> None:

@@ -189,6 +189,43 @@ async def test_compaction_runs_the_cheap_layers_first_and_stops_at_the_target() 
     assert result.anchors_complete and not result.degraded and result.fits
 
 
+def loop_with_big_results(iterations: int, tokens: int) -> list[dict]:
+    messages = [{"role": "user", "content": "Fix the tests."}]
+    for i in range(iterations):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "z" * 4 * tokens})
+    return messages
+
+
+async def test_large_turns_are_compacted_below_the_target_to_leave_room_for_the_next() -> None:
+    messages = loop_with_big_results(12, 700)  # each turn adds ~700 tokens
+    budget = budget_for(8192, 0.6)
+    result = await run(messages, window=8192, target=0.6)
+    aim = POLICY.aim(budget, 700 + 11)  # the call and its result
+    assert aim < budget.target_tokens
+    assert result.tokens_after <= aim  # three more such turns fit before the next compaction
+    assert "trim_head" not in [d.layer for d in result.decisions]
+    alike = await run(messages, window=8192, target=0.6, policy=Policy(headroom_turns=0))
+    assert aim < alike.tokens_after <= budget.target_tokens
+
+
+async def test_nothing_is_dropped_to_reach_the_aim_only() -> None:
+    # Large turns put the aim below the target, but the current turn is too large for the
+    # view to reach it: the emergency layer drops nothing for the aim, the view is at target.
+    messages = [{"role": "system", "content": "You talk."}]
+    for i in range(8):
+        messages += [
+            {"role": "user", "content": f"q{i} " + "x" * 2400},
+            {"role": "assistant", "content": f"a{i} " + "y" * 2400},
+        ]
+    messages.append({"role": "user", "content": "and? " + "z" * 13_600})
+    result = await run(messages, window=8192, target=0.6)
+    budget = budget_for(8192, 0.6)
+    assert POLICY.aim(budget, 1500) < result.tokens_after <= budget.target_tokens
+    assert [d.layer for d in result.decisions] == ["summarize"]
+
+
 async def test_a_failing_summarizer_degrades_to_the_digest_and_still_fits() -> None:
     messages = long_chat()
     result = await run(messages, window=4096, summarizer=failing)

@@ -25,7 +25,13 @@ from policies import (
     tool_blocks,
     tool_pair_problems,
 )
-from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING, header_message
+from policies.plan import (
+    ANCHOR_HEADING,
+    DIGEST_HEADING,
+    SUMMARY_HEADING,
+    applied_edit,
+    header_message,
+)
 from tests.conversations import conversations, png_data_url
 
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -199,6 +205,38 @@ def test_render_places_the_header_after_the_system_messages_of_the_evicted_part(
     }
 
 
+def test_a_stored_edit_applies_to_the_message_as_it_is_sent_now() -> None:
+    # A field the chain does not hash changed since the edit was stored: the view shows the
+    # new value and only what the edit replaced (never a stored field brought back).
+    old = {**tool("a", "big result"), "x_meta": {"v": 1}, "x_gone": 1}
+    now = {**tool("a", "big result"), "x_meta": {"v": 2}}
+    cleared = {**old, "content": "[cleared]"}
+    assert applied_edit(cleared, now) == {**now, "content": "[cleared]"}
+    assert applied_edit(cleared, old) is cleared  # nothing changed: the stored edit itself
+
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{long}"}}
+    sent = {"role": "assistant", "content": None, "tool_calls": [call]}
+    truncated = {**sent, "tool_calls": [{**call, "function": {"name": "f", "arguments": "{lo"}}]}
+    later = {**sent, "tool_calls": [{**call, "x_index": 0}], "x_meta": "new"}
+    assert applied_edit(truncated, later) == {
+        **later,
+        "tool_calls": [{**call, "x_index": 0, "function": {"name": "f", "arguments": "{lo"}}],
+    }
+    text_only = {"role": "assistant", "content": "Let me look."}  # its calls dropped
+    assert applied_edit(text_only, {**later, "content": "Let me look."}) == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "x_meta": "new",
+    }
+
+    parts = [{"type": "text", "text": "see", "cache_control": 1}, image("https://x.test/a.png")]
+    media = {"role": "user", "content": parts}
+    placeholder = {"type": "text", "text": "[image cleared]"}
+    edit = {**media, "content": [parts[0], placeholder]}
+    moved = {"role": "user", "content": [{"type": "text", "text": "see"}, parts[1]]}
+    assert applied_edit(edit, moved)["content"] == [{"type": "text", "text": "see"}, placeholder]
+
+
 def test_render_leaves_dropped_messages_out_and_new_messages_as_they_are() -> None:
     plan = Plan(cut=0, edits={3: None, 4: None}, covered=6)
     more = [*CHAT, assistant("five"), user("six")]
@@ -247,14 +285,17 @@ def test_render_entries_say_where_each_message_of_the_view_comes_from() -> None:
 @st.composite
 def plans(draw: st.DrawFn, messages: list[dict]) -> Plan:
     """A plan over `messages`: any cut, summary and anchor block, edits of later positions
-    (dropped, or replaced by a new message)."""
-    chain = len([m for m in messages if m["role"] not in ("system", "developer")])
-    cut = draw(st.integers(0, chain + 1))
-    later = st.sampled_from(range(cut, chain)) if cut < chain else st.nothing()
-    edits = draw(st.dictionaries(later, st.none() | st.builds(lambda: tool("x", "[edit]"))))
+    (dropped, or their content replaced)."""
+    chain = [m for m in messages if m["role"] not in ("system", "developer")]
+    cut = draw(st.integers(0, len(chain) + 1))
+    later = st.sampled_from(range(cut, len(chain))) if cut < len(chain) else st.nothing()
+    positions = draw(st.lists(later, unique=True))
+    edits = {p: draw(st.none() | st.just({**chain[p], "content": "[edit]"})) for p in positions}
     summary = draw(st.none() | st.just(Summary("s", "digest")))
     anchor_block = draw(st.none() | st.just("ORDER-1"))
-    return Plan(cut=cut, summary=summary, edits=edits, anchor_block=anchor_block, covered=chain)
+    return Plan(
+        cut=cut, summary=summary, edits=edits, anchor_block=anchor_block, covered=len(chain)
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -289,6 +330,13 @@ def test_plan_round_trips_through_json() -> None:
     )
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     assert Plan.from_dict(Plan().to_dict()) == Plan()
+    tailed = Plan(cut=2, summary=Summary("s", "llm", "User requests:\n- x"), covered=3)
+    assert Plan.from_dict(json.loads(json.dumps(tailed.to_dict()))) == tailed
+    cut = Plan(cut=1, anchor_block="x", covered=2, anchors_truncated=True)
+    assert Plan.from_dict(json.loads(json.dumps(cut.to_dict()))) == cut
+    # A plan stored before the proxy recorded truncated anchors still loads.
+    older = {k: v for k, v in plan.to_dict().items() if k != "anchors_truncated"}
+    assert Plan.from_dict(older) == plan
 
 
 @pytest.mark.parametrize(
@@ -305,6 +353,21 @@ def test_plan_round_trips_through_json() -> None:
         {"cut": 1, "summary": None, "edits": {"1": "text"}, "anchor_block": None, "covered": 1},
         {"cut": 1, "summary": None, "edits": [], "anchor_block": None, "covered": 1},
         {"cut": 1, "summary": None, "edits": {}, "anchor_block": 3, "covered": 1},
+        {
+            "cut": 1,
+            "summary": {"text": "s", "kind": "digest", "tail": "t"},
+            "edits": {},
+            "anchor_block": None,
+            "covered": 1,
+        },
+        {
+            "cut": 1,
+            "summary": None,
+            "edits": {},
+            "anchor_block": None,
+            "covered": 1,
+            "anchors_truncated": "yes",
+        },
     ],
 )
 def test_plan_from_dict_rejects_what_is_not_a_plan(data: dict) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.errors import StoreUnavailable
 from proxy.metrics import Metrics
-from proxy.sessions import Sessions, derived_session_id, session_id, session_key
+from proxy.sessions import Lock, Sessions, derived_session_id, session_id, session_key
 from proxy.state import SessionState
 from proxy.store import MemoryStore
 from tests.doubles import FailingStore
@@ -57,11 +57,11 @@ async def test_a_conflicting_update_is_applied_to_the_newer_state() -> None:
 
 async def test_a_writer_that_lost_its_lock_cannot_write() -> None:
     s = sessions()
-    old = await s.lock(KEY, 60, wait=False)
+    old = (await s.lock(KEY, 60)).token
     assert old is not None
-    assert await s.lock(KEY, 60, wait=False) is None  # held
+    assert await s.lock(KEY, 60, wait=0.1) == Lock(None, busy=True)  # held
     await s.unlock(KEY, old)
-    newer = await s.lock(KEY, 60, wait=False)
+    newer = (await s.lock(KEY, 60)).token
     assert newer is not None and newer > old
     assert not await s.update(KEY, pending("stale writer"), fence=old)
     assert await s.update(KEY, pending("holder"), fence=newer)
@@ -75,7 +75,7 @@ async def test_a_failing_store_serves_empty_state_and_counts_it(
         loaded = await s.load(KEY)
     assert (loaded.state, loaded.available) == (SessionState(), False)
     assert not await s.update(KEY, pending("x"))
-    assert await s.lock(KEY, 1, wait=True) is None
+    assert await s.lock(KEY, 1, wait=1) == Lock(None)  # the store failed: not busy
     assert s.metrics.store_errors.labels("get")._value.get() == 2
     assert s.metrics.store_errors.labels("lock")._value.get() == 1
     assert "serving fail-open" in caplog.text

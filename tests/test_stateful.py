@@ -23,9 +23,9 @@ from tests.harness import (
     MODEL,
     SESSION_HEADER,
     WINDOW,
-    Conversation,
     Harness,
     Message,
+    grow_to_prepare,
     harness,
     header_text,
     history,
@@ -217,15 +217,6 @@ async def test_two_replicas_serve_one_session_with_one_plan_and_one_summary() ->
             assert len(state.branches) == 1
             after = {d["tokens_after"] for d in state.decisions}
             assert {int(c["x-compaction-tokens-after"]) for c in compacted} <= after
-
-
-def grow_to_prepare(h: Harness, chat: Conversation) -> None:
-    """Say new things until the proxy starts preparing a summary (in the background)."""
-    prepare = h.budget(chat.model).prepare_tokens
-    for _ in range(30):
-        if int(chat.say()["x-compaction-tokens-after"]) >= prepare:
-            return
-    raise AssertionError("the prepare level was not reached")
 
 
 async def test_requests_wait_for_a_summary_being_prepared_and_compact_once() -> None:

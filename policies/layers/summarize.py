@@ -4,7 +4,8 @@ The cut stays outside the protected part and the current turn, never splits a to
 is preferably a round start; it is the first that brings the view to the target (or the
 last allowed). The summarizer gets the previous summary and the newly evicted messages as
 the view showed them. Without a summarizer, or when it fails, returns nothing or too much,
-the mechanical digest takes the summary's place, marked as a digest.
+the mechanical digest takes the summary's place, marked as a digest; after an LLM summary,
+that summary stays as it was and the digest of the newly evicted part follows it.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from dataclasses import dataclass
 from policies.context import Context
 from policies.digest import digest
 from policies.draft import Draft
-from policies.message import media_as_labels
-from policies.summary import Summary, SummaryRequest
+from policies.message import media_as_labels, visible_text
+from policies.summary import TAIL_HEADING, Summary, SummaryRequest
 
 OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower than ours
 
 
 @dataclass(frozen=True)
 class SummarizeParams:
-    """The summary is capped at min(input_share x its input, target_share x the target)."""
+    """The summary is capped at min(the previous summary + input_share x what it newly
+    covers, target_share x the target)."""
 
     input_share: float = 0.3
     target_share: float = 0.2
@@ -37,40 +39,101 @@ async def summarize(draft: Draft, params: SummarizeParams) -> str:
     cut = choose_cut(draft, params) if draft.over() else draft.cut
     if cut <= draft.cut:
         return ""
-    positions = range(draft.cut, cut)
-    kept = [(p, m) for p in positions if (m := draft.current(p)) is not None]
-    summary, detail = draft.summary, "only dropped messages evicted"
-    if kept:
-        previous = ctx.counter.text(draft.summary.text) if draft.summary else 0
-        max_tokens = output_cap(previous + sum(map(draft.tokens_at, positions)), ctx, params)
-        request = SummaryRequest(
-            draft.summary,
-            [media_as_labels(m) for _, m in kept],
-            max_tokens,
-            ctx.instructions,
-            start=draft.cut,
-            end=cut,
-            positions=tuple(p for p, _ in kept),
-        )
-        summary, detail = await _summary(request, ctx)
-    draft.evict(cut, summary)
+    request = summary_request(draft, cut, params)
+    if request is None:
+        draft.evict(cut, draft.summary)
+        return "only dropped messages evicted"
+    text, detail = await _llm_summary(request, ctx)
+    if text is not None:
+        draft.evict(cut, Summary(text, "llm"))
+    else:
+        draft.evict(*_digested(draft, cut, request, params))
     return detail
 
 
-def output_cap(input_tokens: int, ctx: Context, params: SummarizeParams) -> int:
-    """The most tokens a summary of `input_tokens` tokens may take."""
-    share = min(input_tokens * params.input_share, ctx.target_tokens * params.target_share)
+def _digested(
+    draft: Draft, cut: int, request: SummaryRequest, params: SummarizeParams
+) -> tuple[int, Summary]:
+    """The cut and the digest that takes the place of a failed summary.
+
+    Transactional: an LLM summary stays as it was, and a digest of what is evicted now
+    follows it (evicted as far as both need); the next LLM summary rolls that digest in.
+    """
+    previous = draft.summary
+    kept = previous if previous is not None and previous.kind == "llm" else None
+    if kept is not None:
+        cut = max(cut, choose_cut(draft, params, kept=kept))
+        request = summary_request(draft, cut, params, kept=kept) or request
+    rolled = kept.tail if kept is not None else previous.text if previous is not None else None
+    text = digest(
+        rolled,
+        request.evicted,
+        max_tokens=request.max_tokens,
+        counter=draft.ctx.counter,
+        shown=_shown(draft, cut),
+    )
+    if kept is not None:
+        return cut, Summary(kept.text, "llm", text or None)
+    return cut, Summary(text, "digest")
+
+
+def _shown(draft: Draft, cut: int) -> str:
+    """The text the view keeps of the chain after `cut`, whitespace normalised."""
+    kept = (draft.current(p) for p in range(cut, len(draft.ctx.chain)))
+    return " ".join(" ".join(visible_text(m).split()) for m in kept if m is not None)
+
+
+def summary_request(
+    draft: Draft, cut: int, params: SummarizeParams, *, kept: Summary | None = None
+) -> SummaryRequest | None:
+    """What the summarizer is asked for evicting the chain up to `cut` (None when nothing
+    there is still shown). With `kept`, an LLM summary that stays as it is, the cap is that
+    of a digest of its tail and the newly evicted part."""
+    ctx = draft.ctx
+    positions = range(draft.cut, cut)
+    shown = [(p, m) for p in positions if (m := draft.current(p)) is not None]
+    if not shown:
+        return None
+    removed = sum(map(draft.tokens_at, positions))
+    max_tokens = output_cap(_previous_tokens(draft, kept), removed, ctx, params)
+    return SummaryRequest(
+        draft.summary,
+        [media_as_labels(m) for _, m in shown],
+        max_tokens,
+        ctx.instructions,
+        start=draft.cut,
+        end=cut,
+        positions=tuple(p for p, _ in shown),
+    )
+
+
+def _previous_tokens(draft: Draft, kept: Summary | None) -> int:
+    """Tokens of what the new summary rolls in: the whole summary, or the tail of a kept one."""
+    counter = draft.ctx.counter
+    if kept is not None:
+        return counter.text(kept.tail) if kept.tail else 0
+    return counter.text(draft.summary.shown) if draft.summary else 0
+
+
+def output_cap(previous: int, evicted: int, ctx: Context, params: SummarizeParams) -> int:
+    """The most tokens a summary may take that rolls `evicted` tokens into a previous one of
+    `previous` tokens: it may grow by its share of what it newly covers (compressing the
+    previous summary again at every roll would lose what it held), up to its share of the
+    target."""
+    share = min(previous + evicted * params.input_share, ctx.target_tokens * params.target_share)
     return max(1, int(share))
 
 
-def choose_cut(draft: Draft, params: SummarizeParams) -> int:
+def choose_cut(draft: Draft, params: SummarizeParams, *, kept: Summary | None = None) -> int:
     """The new cut: the first round start (else block boundary) at which the view, with a
-    summary of the cap's size, is at the target; the last allowed one when none is."""
+    summary of the cap's size, is at the target; the last allowed one when none is. With
+    `kept`, an LLM summary that stays, the summary costs that and a digest of the cap's size."""
     ctx = draft.ctx
     limit = min(
         ctx.protected_start, ctx.turn_start, len(ctx.chain) if ctx.task is None else ctx.task
     )
-    previous = ctx.counter.text(draft.summary.text) if draft.summary else 0
+    previous = _previous_tokens(draft, kept)
+    fixed = ctx.counter.text(kept.text) + ctx.counter.text(TAIL_HEADING) + 2 if kept else 0
     rest = draft.tokens - draft.header + draft.header_cost(Summary("", "digest"))
     removed = anchors = 0
     lost: set[str] = set()
@@ -84,32 +147,28 @@ def choose_cut(draft: Draft, params: SummarizeParams) -> int:
         if role == "tool":
             continue
         last = cut
-        cost = output_cap(previous + removed, ctx, params) + min(
-            anchors, ctx.anchor_block_max_tokens
+        cost = (
+            fixed
+            + output_cap(previous, removed, ctx, params)
+            + min(anchors, ctx.anchor_block_max_tokens)
         )
-        if rest - removed + cost <= ctx.target_tokens:
+        if rest - removed + cost <= ctx.aim_tokens:
             if role == "user":
                 return cut
             first = first if first > draft.cut else cut
     return first if first > draft.cut else last
 
 
-async def _summary(request: SummaryRequest, ctx: Context) -> tuple[Summary, str]:
-    """The summarizer's summary, or the digest with the reason it took the summary's place."""
-    fallback = "digest"
-    if ctx.summarizer is not None:
-        try:
-            text = await ctx.summarizer(request)
-        except Exception as error:  # any failure of the injected summarizer degrades
-            fallback = f"degraded: {type(error).__name__}"
-        else:
-            if not isinstance(text, str) or not text.strip():
-                fallback = "degraded: empty summary"
-            elif ctx.counter.text(text) > request.max_tokens * OVERLONG_SLACK:
-                fallback = "degraded: over-long summary"
-            else:
-                return Summary(text.strip(), "llm"), "llm"
-    text = digest(
-        request.previous, request.evicted, max_tokens=request.max_tokens, counter=ctx.counter
-    )
-    return Summary(text, "digest"), fallback
+async def _llm_summary(request: SummaryRequest, ctx: Context) -> tuple[str | None, str]:
+    """The summarizer's summary, or None and the reason a digest takes its place."""
+    if ctx.summarizer is None:
+        return None, "digest"
+    try:
+        text = await ctx.summarizer(request)
+    except Exception as error:  # any failure of the injected summarizer degrades
+        return None, f"degraded: {type(error).__name__}"
+    if not isinstance(text, str) or not text.strip():
+        return None, "degraded: empty summary"
+    if ctx.counter.text(text) > request.max_tokens * OVERLONG_SLACK:
+        return None, "degraded: over-long summary"
+    return text.strip(), "llm"

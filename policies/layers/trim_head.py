@@ -8,7 +8,7 @@ messages and the current turn fit in it, else to the limit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.context import Context
 from policies.draft import Draft
@@ -29,7 +29,7 @@ class TrimHeadParams:
 async def trim_head(draft: Draft, params: TrimHeadParams) -> str:
     ctx = draft.ctx
     for unit in _units(draft):
-        if not draft.over():
+        if not draft.over(ctx.target_tokens):  # never drops messages for a lower aim
             break
         for position, _ in draft.candidates(unit):
             draft.set(position, None)
@@ -63,12 +63,21 @@ def _units(draft: Draft) -> list[range]:
 
 
 def _shorter(summary: Summary, excess: int, ctx: Context, params: TrimHeadParams) -> Summary | None:
-    """The summary shortened by `excess` tokens, or None when too little would be left."""
-    text = summary.text.removesuffix(f"\n{SHORTENED}")
-    keep = ctx.counter.text(text) - excess - ctx.counter.text(SHORTENED) - 1
+    """The summary shortened by `excess` tokens, its tail (a digest after an LLM summary)
+    first; None when too little would be left."""
+    if summary.tail is not None:
+        return replace(summary, tail=_cut(summary.tail, excess, ctx, params))
+    text = _cut(summary.text, excess, ctx, params)
+    return None if text is None else replace(summary, text=text)
+
+
+def _cut(text: str, excess: int, ctx: Context, params: TrimHeadParams) -> str | None:
+    """`text` shortened by `excess` tokens and marked, or None when too little would be left."""
+    whole = text.removesuffix(f"\n{SHORTENED}")
+    keep = ctx.counter.text(whole) - excess - ctx.counter.text(SHORTENED) - 1
     if keep < params.min_summary_tokens:
         return None
-    shorter = f"{ctx.counter.head(text, keep)}\n{SHORTENED}"
-    if ctx.counter.text(shorter) >= ctx.counter.text(summary.text):
+    shorter = f"{ctx.counter.head(whole, keep)}\n{SHORTENED}"
+    if ctx.counter.text(shorter) >= ctx.counter.text(text):
         return None  # no progress: a tokenizer that merges across the cut
-    return Summary(shorter, summary.kind)
+    return shorter

@@ -40,6 +40,9 @@ def check(config: Config, source: Source) -> None:
         summarizer = policy.summarizer.upstream
         if summarizer is not None and summarizer not in config.upstreams:
             p(("policies", name, "summarizer", "upstream"), f"names no upstream: {summarizer!r}")
+        for seconds in ("timeout_seconds", "request_wait_seconds"):
+            if getattr(policy.summarizer, seconds) <= 0:
+                p(("policies", name, "summarizer", seconds), "must be positive")
     if config.default_policy not in config.policies:
         p(("default_policy",), f"names no policy: {config.default_policy!r}")
     _check_routes(config, p)

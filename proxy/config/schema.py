@@ -175,6 +175,9 @@ class Summarizer:
     retries: int = 2
     cooldown_seconds: float = 8.0
     temperature: float = 0.1
+    # How long a request waits for its summary before it degrades; the summary is finished
+    # in the background (every retry with its full timeout) and used from the next turn.
+    request_wait_seconds: float = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
