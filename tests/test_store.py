@@ -293,13 +293,15 @@ async def test_every_redis_key_has_a_ttl_and_the_session_hash_tag(
 ) -> None:
     store = RedisStore(REDIS_URL, ttl_seconds=100, key_prefix=prefix)
     keys = [session_key("tenant", f"session {i}") for i in range(3)]
+    tokens = []
     try:
         for key in keys:
             assert await store.compare_and_set(key, 0, b"plan") == 1
             token = await store.acquire_lock(key, 7)
             assert token is not None
+            tokens.append(token)
             assert await store.compare_and_set(key, 1, b"summary", fence=token) == 2
-        await store.release_lock(keys[1], 1)
+        await store.release_lock(keys[1], tokens[1])
         await store.delete(keys[2])
     finally:
         await store.close()
@@ -466,7 +468,7 @@ async def test_redis_stopped_mid_run_then_back() -> None:
     try:
         with redis_server(port):
             assert await store.compare_and_set(key, 0, b"plan") == 1
-            assert await store.acquire_lock(key, 5) == 1
+            assert await store.acquire_lock(key, 5) is not None
             assert await store.ping() is True
         with pytest.raises(StoreUnavailable):
             await store.get(key)
@@ -477,6 +479,6 @@ async def test_redis_stopped_mid_run_then_back() -> None:
             assert await store.get(key) is None  # a new, empty server
             # Its script cache is empty too: EVALSHA falls back to loading the scripts.
             assert await store.compare_and_set(key, 0, b"plan") == 1
-            assert await store.acquire_lock(key, 5) == 1
+            assert await store.acquire_lock(key, 5) is not None
     finally:
         await store.close()
