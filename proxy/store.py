@@ -19,7 +19,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
-from redis.exceptions import RedisError
 from redis.typing import EncodableT
 
 from .config.store_url import InvalidStoreURL, parse_store_url
@@ -278,8 +277,9 @@ class RedisStore:
             raise StoreUnavailable("session store unavailable (failing fast after an error)")
         try:
             async with asyncio.timeout(self._timeout), self._slots:
+                await self._connected.ready()
                 return await call()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # a client's own bug must not fail the request either
             if self._down_until <= now:
                 log.warning(
                     "session store unavailable, failing fast for %.1f s",

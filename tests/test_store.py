@@ -1,7 +1,8 @@
-"""The session store contract, run against MemoryStore and RedisStore (the real local Redis).
+"""The session store contract, run against MemoryStore and RedisStore on the real local Redis,
+on a Redis Cluster and behind Sentinels (both over TLS, servers of the tests' own).
 
-Redis tests use their own key prefix and delete only their keys; the tests that stop Redis or
-need a silent one start their own server on a free port.
+Tests on the shared Redis use their own key prefix and delete only their keys; the tests that
+stop Redis or need a silent one start their own server on a free port.
 """
 
 from __future__ import annotations
@@ -46,11 +47,16 @@ async def redis(prefix: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
 async def make_store(
     request: pytest.FixtureRequest, prefix: str, redis: Redis
 ) -> AsyncIterator[MakeStore]:
     made: list[SessionStore] = []
+    url = {
+        "redis": lambda: REDIS_URL,
+        "cluster": lambda: request.getfixturevalue("tls_cluster").url,
+        "sentinel": lambda: request.getfixturevalue("tls_sentinels").url,
+    }.get(request.param, lambda: "memory://")()
 
     def make(ttl_seconds: float = 60) -> SessionStore:
         store: SessionStore
@@ -58,9 +64,7 @@ async def make_store(
             store = MemoryStore(ttl_seconds=ttl_seconds)
         else:
             # A generous timeout: these tests are about semantics, on a possibly busy machine.
-            store = RedisStore(
-                REDIS_URL, ttl_seconds=ttl_seconds, key_prefix=prefix, timeout_seconds=2
-            )
+            store = RedisStore(url, ttl_seconds=ttl_seconds, key_prefix=prefix, timeout_seconds=2)
         made.append(store)
         return store
 
