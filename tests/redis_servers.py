@@ -17,7 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+from redis.sentinel import Sentinel
+
+from proxy.config.store_url import parse_store_url
 
 START_TIMEOUT = 10.0
 MASTER_NAME = "cptest"
@@ -49,6 +53,41 @@ def wait_for(predicate: Callable[[], bool], timeout: float = START_TIMEOUT) -> f
         assert time.monotonic() - started < timeout, "timed out"
         time.sleep(0.02)
     return time.monotonic() - started
+
+
+def inspector(url: str) -> redis.Redis | RedisCluster:
+    """A synchronous client on the store a URL names, to look at what the proxy wrote."""
+    parsed = parse_store_url(url)
+    options: dict[str, object] = {"username": parsed.username, "password": parsed.password}
+    options |= parsed.tls.options() if parsed.tls else {}
+    if parsed.kind == "cluster":
+        seeds = [ClusterNode(host, port) for host, port in parsed.nodes]
+        return RedisCluster(startup_nodes=seeds, require_full_coverage=False, **options)  # type: ignore[arg-type]
+    if parsed.kind == "sentinel":
+        sentinels = Sentinel(
+            parsed.nodes, sentinel_kwargs=parsed.tls.options() if parsed.tls else {}
+        )
+        return sentinels.master_for(parsed.master, db=parsed.db, **options)
+    (host, port), *_ = parsed.nodes
+    return redis.Redis(host=host, port=port, db=parsed.db, **options)  # type: ignore[arg-type]
+
+
+def replicated(primary: Node, replica: Node) -> None:
+    """Wait until `replica` has every write `primary` has."""
+
+    def offset(node: Node, field: str) -> int:
+        return int(node.info("replication")[field])  # type: ignore[call-overload]
+
+    target = offset(primary, "master_repl_offset")
+    wait_for(lambda: offset(replica, "slave_repl_offset") >= target)
+
+
+def cut_replication(primary: Node, replica: Node) -> None:
+    """From now on `replica` gets none of `primary`'s writes, until `primary` is gone: it is
+    frozen (so it cannot reconnect), and `primary` drops the link."""
+    replica.freeze()
+    with primary.client() as client:
+        client.client_kill_filter(_type="replica")
 
 
 @dataclasses.dataclass(frozen=True)
