@@ -15,22 +15,43 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
+import math
+import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import httpx2
+import openai
+import orjson
 import pytest
 
 from tests.conversations import view_problems
-from tests.harness import MODEL, SESSION_HEADER, Conversation, Harness, harness, header_text
+from tests.harness import (
+    MODEL,
+    SESSION_HEADER,
+    Conversation,
+    Harness,
+    harness,
+    header_text,
+    said,
+)
+from proxy.metrics import Metrics
+from proxy.sessions import Sessions, session_key
+from proxy.store import RedisStore
 from tests.redis_servers import (
     Cluster,
     Sentinels,
     cut_replication,
+    free_port,
     redis_cluster,
     redis_sentinels,
+    redis_server,
     replicated,
     wait_for,
 )
@@ -129,9 +150,10 @@ def test_a_failover_loses_the_newest_plan_and_rejects_the_stale_summary(kind: st
             assert during.headers["x-compaction-store"] == "unavailable"
             failover = wait_for(servers.healthy, 30)
             recovered = wait_for(lambda: ready(h, 1), 10)
+            back = time.monotonic() - killed
             print(
                 f"\n{kind}: master killed; failed over in {failover:.2f} s, "
-                f"the proxy's store answering again {time.monotonic() - killed:.2f} s after the kill"
+                f"the proxy's store answering again {back:.2f} s after the kill"
             )
 
             # The newest plan is lost with the master: the session compacts again.
@@ -158,3 +180,175 @@ def test_a_failover_loses_the_newest_plan_and_rejects_the_stale_summary(kind: st
         fresh.client = stale.client
         assert fresh.say()["x-compaction-action"] == "replayed"
         assert again in header_text(h.forwarded()[-1])
+
+
+# -- three replicas, 200 sessions, a master killed under load ---------------------------------
+
+SESSIONS = 200
+TAG = re.compile(r"\[S\d{3}\]")
+# Short messages in a small window: every turn costs little, and the first one compacts.
+WORDS, WINDOW, ROUNDS = 12, 1024, 12
+
+
+async def tagged_summary(body: dict[str, Any]) -> str:
+    """A summary naming every session whose text the summarizer was shown (one, always)."""
+    tags = sorted(set(TAG.findall(orjson.dumps(body).decode())))
+    return f"Summary of {' '.join(tags)}: goals and facts."
+
+
+@dataclasses.dataclass
+class Turn:
+    started: float
+    ended: float
+    store: str
+    action: str
+
+
+@dataclasses.dataclass
+class Session:
+    """One client's conversation, every message marked with its tag."""
+
+    tag: str
+    client: openai.AsyncOpenAI
+    messages: list[dict[str, Any]]
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    key: str = ""
+    sent: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    async def say(self) -> Turn:
+        number = len(self.messages) // 2
+        self.messages.append({"role": "user", "content": f"{self.tag} {said(number, WORDS)}"})
+        self.sent[self.messages[-1]["content"]] = list(self.messages)
+        started = time.monotonic()
+        raw = await self.client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=self.messages, extra_headers={SESSION_HEADER: self.tag}
+        )
+        reply = raw.parse().choices[0].message.content
+        self.messages.append({"role": "assistant", "content": reply})
+        self.key = raw.headers["x-compaction-session"]
+        turn = Turn(
+            started,
+            time.monotonic(),
+            raw.headers["x-compaction-store"],
+            raw.headers["x-compaction-action"],
+        )
+        self.turns.append(turn)
+        return turn
+
+
+def opening(tag: str, rounds: int) -> list[dict[str, Any]]:
+    """A conversation just over the compaction level, every message tagged."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for number in range(rounds):
+        messages.append({"role": "user", "content": f"{tag} {said(number, WORDS)}"})
+        messages.append({"role": "assistant", "content": f"{tag} Noted."})
+    return messages
+
+
+async def test_three_replicas_serve_200_sessions_through_a_master_failover() -> None:
+    # One process holds the three proxies, the fake upstream and the 200 clients: an event
+    # loop may lag well past the default timeout, which would fail calls to a healthy store.
+    sections: dict[str, Any] = {
+        "store": {"timeout_seconds": 3},
+        "models": [{"match": MODEL, "context_window": WINDOW}],
+    }
+    with (
+        redis_cluster() as cluster,
+        harness(replicas=3, redis_url=cluster.url, **sections) as h,
+    ):
+        h.up.summarizer = tagged_summary
+        # A connection per request: with servers and clients in one process, the loops lag by
+        # seconds, and a kept-alive connection that uvicorn closed after 5 s idle by its own
+        # clock may look fresh to the client and be picked for a request.
+        limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=0)
+        clients = [
+            openai.AsyncOpenAI(
+                base_url=s.url + "/v1",
+                api_key="sk-test",
+                max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=60),
+            )
+            for s in h.servers
+        ]
+        sessions = [
+            Session(f"[S{i:03d}]", clients[i % 3], opening(f"[S{i:03d}]", ROUNDS))
+            for i in range(SESSIONS)
+        ]
+        # Every session compacts, and its plan is stored.
+        assert {t.action for t in await asyncio.gather(*(s.say() for s in sessions))} == {
+            "compacted"
+        }
+        killed = recovered = math.inf
+
+        async def talk(session: Session) -> None:
+            while not session.turns or session.turns[-1].started < recovered:
+                await session.say()
+
+        talking = asyncio.gather(*(talk(s) for s in sessions))
+        await asyncio.sleep(0.1)
+        primary, replica = cluster.shard(h.state_key(sessions[0].key))
+        killed = time.monotonic()
+        primary.kill()
+        failover = await asyncio.to_thread(wait_for, cluster.healthy, 30)
+        await asyncio.gather(
+            *(asyncio.to_thread(wait_for, functools.partial(ready, h, s), 10) for s in range(3))
+        )
+        recovered = time.monotonic()
+        await talking
+        for client in clients:
+            await client.close()
+
+        turns = [t for s in sessions for t in s.turns[1:]]
+        unavailable = [t for t in turns if t.store == "unavailable"]
+        print(
+            f"\n{len(turns)} turns of {SESSIONS} sessions on 3 replicas around the kill of a "
+            f"master: the cluster failed over in {failover:.2f} s; {len(unavailable)} turns "
+            "served without the store (fail-open), from "
+            f"{min(t.started for t in unavailable) - killed:+.2f} s to "
+            f"{max(t.ended for t in unavailable) - killed:+.2f} s after the kill; every "
+            f"replica's store answering again {recovered - killed:.2f} s after it"
+        )
+        # Served all along; without the store only while the master was gone.
+        assert unavailable
+        assert all(t.store == "ok" for s in sessions for t in s.turns if t.ended < killed)
+        assert all(t.store == "ok" for t in turns if t.started > recovered)
+        # Every view went upstream whole and of one session: its own messages, its own plan.
+        by_tag = {s.tag: s for s in sessions}
+        for view in h.forwarded():
+            (tag,) = set(TAG.findall(orjson.dumps(view).decode()))
+            sent = by_tag[tag].sent[view[-1]["content"]]
+            assert view_problems(sent, view) == []
+        for body in (r.json for r in h.up.requests if r.headers.get("x-compaction-summary")):
+            assert len(set(TAG.findall(orjson.dumps(body).decode()))) == 1
+        # What the store holds after the failover: each session's own plans only.
+        for session in sessions:
+            record = h.record(session.key)
+            assert record is not None
+            for branch in record[1].branches:
+                summary = branch.plan.summary
+                assert summary is None or set(TAG.findall(summary.text)) == {session.tag}
+
+
+async def test_a_lock_the_store_did_not_release_is_released_once_it_answers() -> None:
+    port = free_port()
+    with redis_server(port) as server:
+        store = RedisStore(
+            f"redis://127.0.0.1:{port}/0", ttl_seconds=60, timeout_seconds=0.2, backoff_seconds=0.2
+        )
+        sessions = Sessions(store, Metrics())
+        key = session_key("tenant", "session")
+        try:
+            token = await sessions.lock(key, 60, wait=False)
+            assert token is not None
+            server.send_signal(signal.SIGSTOP)  # hung: the release times out
+            await sessions.unlock(key, token)
+            server.send_signal(signal.SIGCONT)
+            started = time.monotonic()
+            while (other := await sessions.lock(key, 60, wait=False)) is None:
+                assert time.monotonic() - started < 5, "the lock was left to its 60 s TTL"
+                await asyncio.sleep(0.05)
+            assert other > token
+        finally:
+            server.send_signal(signal.SIGCONT)
+            await sessions.close()
+            await store.close()
