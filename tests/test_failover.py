@@ -31,6 +31,9 @@ import openai
 import orjson
 import pytest
 
+from proxy.metrics import Metrics
+from proxy.sessions import Sessions, session_key
+from proxy.store import RedisStore
 from tests.conversations import view_problems
 from tests.harness import (
     MODEL,
@@ -41,9 +44,6 @@ from tests.harness import (
     header_text,
     said,
 )
-from proxy.metrics import Metrics
-from proxy.sessions import Sessions, session_key
-from proxy.store import RedisStore
 from tests.redis_servers import (
     Cluster,
     Sentinels,
@@ -286,7 +286,7 @@ async def test_three_replicas_serve_200_sessions_through_a_master_failover() -> 
 
         talking = asyncio.gather(*(talk(s) for s in sessions))
         await asyncio.sleep(0.1)
-        primary, replica = cluster.shard(h.state_key(sessions[0].key))
+        primary, _ = cluster.shard(h.state_key(sessions[0].key))
         killed = time.monotonic()
         primary.kill()
         failover = await asyncio.to_thread(wait_for, cluster.healthy, 30)
