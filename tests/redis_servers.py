@@ -35,10 +35,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A plain redis-server on `port`, stopped (SIGTERM) when the context ends."""
+def redis_server(
+    port: int, *, tls: Certificates | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server on `port` (TLS only, with `tls`), stopped (SIGTERM) when the context
+    ends."""
     with tempfile.TemporaryDirectory(prefix="cptest-redis-") as tmp:
-        node = _spawn(Path(tmp), port, [])
+        node = _spawn(Path(tmp), port, [], tls)
         try:
             yield node.process
         finally:

@@ -358,15 +358,7 @@ def test_open_store_rejects_bad_urls(url: str) -> None:
     assert SECRET not in "".join(traceback.format_exception(caught.value))
 
 
-async def test_open_store_picks_the_implementation() -> None:
-    stores = [
-        open_store("memory://", ttl_seconds=60),
-        open_store(REDIS_URL, ttl_seconds=60, key_prefix="cptest", timeout_seconds=0.2),
-        open_store("rediss://localhost:6380/1", ttl_seconds=60),
-    ]
-    assert [type(s) for s in stores] == [MemoryStore, RedisStore, RedisStore]
-    for store in stores:
-        await store.close()
+def test_open_store_checks_its_settings() -> None:
     with pytest.raises(ValueError, match="ttl_seconds"):
         open_store("memory://", ttl_seconds=0)
     with pytest.raises(ValueError, match="ttl_seconds"):
