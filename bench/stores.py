@@ -61,7 +61,10 @@ class StoreFigures:
 @contextlib.contextmanager
 def topologies() -> Iterator[list[tuple[str, str]]]:
     """(name, store URL) of every topology, its servers running."""
-    with tempfile.TemporaryDirectory(prefix="bench-stores-") as tmp, contextlib.ExitStack() as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-stores-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         certificates = make_certificates(Path(tmp))
         plain, tls = free_port(), free_port()
         stack.enter_context(redis_server(plain))

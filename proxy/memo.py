@@ -23,8 +23,16 @@ def content_keys(values: Sequence[Any]) -> list[int]:
 
 
 class Memo(Generic[V]):
-    """Least recently used out, in two generations: a hit is one dict lookup with no
-    bookkeeping; what was not used for a whole generation goes."""
+    """At most `size` entries, least recently used out, in two generations: a hit is one dict
+    lookup with no bookkeeping; what was not used for a whole generation goes.
+
+    Clients resend whole histories in order, so when the sessions talking at once hold more
+    messages than the memo, plain LRU evicts each entry just before it is asked for again and
+    nothing hits. So when a generation fills up having missed more than it hit, with the memo
+    full, the memo freezes for twice its size in look-ups: nothing new comes in, and the part
+    of the working set it holds keeps hitting (about size / working set of the look-ups).
+    Then a new generation begins, in case the working set changed.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -32,6 +40,8 @@ class Memo(Generic[V]):
         self.misses = 0
         self._recent: dict[int, V] = {}
         self._older: dict[int, V] = {}
+        self._counted = (0, 0)  # hits and misses when the generation began
+        self._frozen = 0  # look-ups (past the newer generation) left with nothing new kept
 
     def __len__(self) -> int:
         return len(self._recent) + len(self._older)
@@ -51,7 +61,19 @@ class Memo(Generic[V]):
             self.misses += 1
         else:
             self.hits += 1
-        if len(self._recent) >= max(1, self.size // 2):
+        thawed = False
+        if self._frozen:
+            self._frozen -= 1
+            if self._frozen:
+                return found
+            thawed = True  # a new generation may begin: the working set may have changed
+        half = max(1, self.size // 2)
+        if len(self._recent) >= half:
+            hits, misses = self.hits - self._counted[0], self.misses - self._counted[1]
+            self._counted = (self.hits, self.misses)
+            if not thawed and len(self._older) >= half and hits < misses:
+                self._frozen = 2 * self.size
+                return found
             self._older, self._recent = self._recent, {}
         self._recent[key] = found
         return found

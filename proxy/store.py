@@ -72,7 +72,7 @@ def open_store(
     ttl_seconds: int,
     key_prefix: str = "cp",
     timeout_seconds: float = 0.5,
-    max_sessions: int = 100_000,
+    max_sessions: int = 10_000,
 ) -> SessionStore:
     """`memory://` -> MemoryStore; any Redis form (`proxy.config.store_url`) -> RedisStore."""
     if parse_store_url(url).kind == "memory":
@@ -118,7 +118,7 @@ class _Lock:
 class MemoryStore:
     """One process: bounded (least recently used out) and with expiry, like Redis."""
 
-    def __init__(self, *, ttl_seconds: float, max_sessions: int = 100_000) -> None:
+    def __init__(self, *, ttl_seconds: float, max_sessions: int = 10_000) -> None:
         _check_positive("ttl_seconds", ttl_seconds)
         _check_positive("max_sessions", max_sessions)
         self._ttl = ttl_seconds

@@ -48,7 +48,7 @@ class Store:
     key_prefix: str = "cp"
     timeout_seconds: float = 0.5
     fail_open: bool = True
-    max_sessions: int = 100_000
+    max_sessions: int = 10_000
     max_branches: int = 4
 
 
