@@ -28,10 +28,12 @@ class Memo(Generic[V]):
 
     Clients resend whole histories in order, so when the sessions talking at once hold more
     messages than the memo, plain LRU evicts each entry just before it is asked for again and
-    nothing hits. So when a generation fills up having missed more than it hit, with the memo
-    full, the memo freezes for twice its size in look-ups: nothing new comes in, and the part
-    of the working set it holds keeps hitting (about size / working set of the look-ups).
-    Then a new generation begins, in case the working set changed.
+    nothing hits. So when a generation fills up having missed more of the messages it evicted
+    lately (its two last generations) than it hit, the memo freezes for twice its size in
+    look-ups: nothing new comes in,
+    and the part of the working set it holds keeps hitting (about size / working set of the
+    look-ups). Then a new generation begins, in case the working set changed. Misses of new
+    messages (a new working set) never freeze it.
     """
 
     def __init__(self, size: int) -> None:
@@ -40,7 +42,10 @@ class Memo(Generic[V]):
         self.misses = 0
         self._recent: dict[int, V] = {}
         self._older: dict[int, V] = {}
-        self._counted = (0, 0)  # hits and misses when the generation began
+        # The keys of the two generations dropped last.
+        self._evicted: tuple[set[int], set[int]] = (set(), set())
+        self._counted = 0  # hits when the generation began
+        self._returning = 0  # misses of evicted keys in this generation
         self._frozen = 0  # look-ups (past the newer generation) left with nothing new kept
 
     def __len__(self) -> int:
@@ -59,6 +64,8 @@ class Memo(Generic[V]):
         if found is None:
             found = make(value)
             self.misses += 1
+            if key in self._evicted[0] or key in self._evicted[1]:
+                self._returning += 1
         else:
             self.hits += 1
         thawed = False
@@ -67,13 +74,13 @@ class Memo(Generic[V]):
             if self._frozen:
                 return found
             thawed = True  # a new generation may begin: the working set may have changed
-        half = max(1, self.size // 2)
-        if len(self._recent) >= half:
-            hits, misses = self.hits - self._counted[0], self.misses - self._counted[1]
-            self._counted = (self.hits, self.misses)
-            if not thawed and len(self._older) >= half and hits < misses:
+        if len(self._recent) >= max(1, self.size // 2):
+            hits, returning = self.hits - self._counted, self._returning
+            self._counted, self._returning = self.hits, 0
+            if returning > hits and not thawed:
                 self._frozen = 2 * self.size
                 return found
+            self._evicted = (set(self._older), self._evicted[0])
             self._older, self._recent = self._recent, {}
         self._recent[key] = found
         return found
