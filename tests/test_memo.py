@@ -43,7 +43,7 @@ def test_a_working_set_larger_than_the_memo_still_hits(size: int, ratio: float) 
     memo = Memo(size)
     lookups(memo, cycle * 3)  # settled
     hits, misses = lookups(memo, cycle * 6)
-    assert hits / (hits + misses) >= 0.4 / ratio
+    assert hits / (hits + misses) >= 0.3 / ratio
 
 
 @pytest.mark.parametrize("before", [range(2048), range(4096)])
