@@ -71,8 +71,7 @@ def inspector(url: str) -> redis.Redis | RedisCluster:
             parsed.nodes, sentinel_kwargs=parsed.tls.options() if parsed.tls else {}
         )
         return sentinels.master_for(parsed.master, db=parsed.db, **options)
-    (host, port), *_ = parsed.nodes
-    return redis.Redis(host=host, port=port, db=parsed.db, **options)  # type: ignore[arg-type]
+    return redis.Redis.from_url(url)  # it fails at once when the server is down
 
 
 def replicated(primary: Node, replica: Node) -> None:
