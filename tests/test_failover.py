@@ -80,7 +80,7 @@ class Gate:
 
 @contextlib.contextmanager
 def topology(kind: str) -> Iterator[Cluster | Sentinels]:
-    with redis_cluster() if kind == "cluster" else redis_sentinels() as servers:
+    with redis_cluster(node_timeout_ms=500) if kind == "cluster" else redis_sentinels() as servers:
         yield servers
 
 
@@ -253,7 +253,7 @@ async def test_three_replicas_serve_200_sessions_through_a_master_failover() -> 
         "models": [{"match": MODEL, "context_window": WINDOW}],
     }
     with (
-        redis_cluster() as cluster,
+        redis_cluster(node_timeout_ms=500) as cluster,
         harness(replicas=3, redis_url=cluster.url, **sections) as h,
     ):
         h.up.summarizer = tagged_summary
