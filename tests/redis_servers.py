@@ -206,6 +206,13 @@ def _redis_cli(tls: Certificates | None, *args: str) -> None:
     subprocess.run(["redis-cli", *options, *args], check=True, capture_output=True, timeout=30)
 
 
+def _url(topology: str, nodes: list[Node], path: str, tls: Certificates | None) -> str:
+    """The store URL of these servers (over TLS with `tls`, trusting its CA)."""
+    hosts = ",".join(f"127.0.0.1:{n.port}" for n in nodes)
+    query = f"?ssl_ca_certs={tls.ca}" if tls else ""
+    return f"{'rediss' if tls else 'redis'}+{topology}://{hosts}{path}{query}"
+
+
 @dataclasses.dataclass
 class Cluster:
     nodes: list[Node]
@@ -213,10 +220,7 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        seeds = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
-        if self.tls:
-            return f"rediss+cluster://{seeds}?ssl_ca_certs={self.tls.ca}"
-        return f"redis+cluster://{seeds}"
+        return _url("cluster", self.nodes, "", self.tls)
 
     def node(self, port: int) -> Node:
         return next(n for n in self.nodes if n.port == port)
@@ -298,10 +302,7 @@ class Sentinels:
 
     @property
     def url(self) -> str:
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        if self.tls:
-            return f"rediss+sentinel://{hosts}/{MASTER_NAME}?ssl_ca_certs={self.tls.ca}"
-        return f"redis+sentinel://{hosts}/{MASTER_NAME}"
+        return _url("sentinel", self.sentinels, f"/{MASTER_NAME}", self.tls)
 
     def shard(self, key: str) -> tuple[Node, Node]:
         return self.master, self.replica
