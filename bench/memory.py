@@ -42,11 +42,12 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import free_port, long_history, machine, memory_mb, percentile, proxy, serve
-from compaction import LARGE_MODEL, chat_of
+from compaction import LARGE_MODEL, request_of
 from compaction import proxy_config as unbounded_config
 
 from proxy.app import Proxy, create_app
 from proxy.config import loads
+from proxy.dialects.chat import Chat
 from proxy.memo import content_keys
 from proxy.metrics import Metrics
 from proxy.sessions import session_key
@@ -227,7 +228,12 @@ async def memo_knee(actives: list[int], rounds: int) -> list[tuple[int, int, flo
         proxy = Proxy(config, MemoryStore(ttl_seconds=3600), UpstreamClient(), Metrics())
         counter = proxy.limits.limits(LARGE_MODEL).counter
         sessions = [
-            chat_of(config, LARGE_MODEL, [_tagged(m, f"{active}.{s}") for m in base])
+            request_of(
+                config,
+                LARGE_MODEL,
+                Chat(),
+                {"messages": [_tagged(m, f"{active}.{s}") for m in base]},
+            )
             for s in range(active)
         ]
         for chat in sessions:  # every session seen once
