@@ -287,6 +287,7 @@ def create_app(
         yield
         await warming
         await proxy.prepared.close()
+        await proxy.sessions.close()
         if proxy.litellm is not None:
             await proxy.litellm.close()
         if owns_client:

@@ -23,8 +23,18 @@ def content_keys(values: Sequence[Any]) -> list[int]:
 
 
 class Memo(Generic[V]):
-    """Least recently used out, in two generations: a hit is one dict lookup with no
-    bookkeeping; what was not used for a whole generation goes."""
+    """At most `size` entries, least recently used out, in two generations: a hit is one dict
+    lookup with no bookkeeping; what was not used for a whole generation goes.
+
+    Clients resend whole histories in order, so when the sessions talking at once hold more
+    messages than the memo, plain LRU evicts each entry just before it is asked for again and
+    nothing hits. So when a generation fills up having missed more of the messages it evicted
+    lately (its two last generations) than it hit, the memo freezes for twice its size in
+    look-ups: nothing new comes in,
+    and the part of the working set it holds keeps hitting (about size / working set of the
+    look-ups). Then a new generation begins, in case the working set changed. Misses of new
+    messages (a new working set) never freeze it.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -32,6 +42,11 @@ class Memo(Generic[V]):
         self.misses = 0
         self._recent: dict[int, V] = {}
         self._older: dict[int, V] = {}
+        # The keys of the two generations dropped last.
+        self._evicted: tuple[set[int], set[int]] = (set(), set())
+        self._counted = 0  # hits when the generation began
+        self._returning = 0  # misses of evicted keys in this generation
+        self._frozen = 0  # look-ups (past the newer generation) left with nothing new kept
 
     def __len__(self) -> int:
         return len(self._recent) + len(self._older)
@@ -49,9 +64,23 @@ class Memo(Generic[V]):
         if found is None:
             found = make(value)
             self.misses += 1
+            if key in self._evicted[0] or key in self._evicted[1]:
+                self._returning += 1
         else:
             self.hits += 1
+        thawed = False
+        if self._frozen:
+            self._frozen -= 1
+            if self._frozen:
+                return found
+            thawed = True  # a new generation may begin: the working set may have changed
         if len(self._recent) >= max(1, self.size // 2):
+            hits, returning = self.hits - self._counted, self._returning
+            self._counted, self._returning = self.hits, 0
+            if returning > hits and not thawed:
+                self._frozen = 2 * self.size
+                return found
+            self._evicted = (set(self._older), self._evicted[0])
             self._older, self._recent = self._recent, {}
         self._recent[key] = found
         return found

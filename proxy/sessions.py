@@ -12,6 +12,7 @@ compare-and-set updates (re-read on conflict) with fencing, and the single-fligh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -30,6 +31,10 @@ log = logging.getLogger("compaction_proxy")
 
 CAS_ATTEMPTS = 3
 LOCK_POLL_SECONDS = 0.05
+# A release the store did not take is tried again this often, this many times: about the
+# longest store outage (a failover) worth outliving.
+RELEASE_RETRY_SECONDS = 1.0
+RELEASE_RETRIES = 60
 
 
 def session_id(header: str | None, hint: str | None, messages: Sequence[Any]) -> str:
@@ -87,6 +92,13 @@ class Sessions:
         self.store = store
         self.metrics = metrics
         self.fail_open = fail_open
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        """Stop trying to release locks the store did not take (they expire by themselves)."""
+        for task in list(self._releasing):
+            task.cancel()
+        await asyncio.gather(*self._releasing, return_exceptions=True)
 
     async def load(self, key: str) -> Loaded:
         """The session's state; an empty one when there is none, or when the store failed
@@ -151,10 +163,23 @@ class Sessions:
             await asyncio.sleep(LOCK_POLL_SECONDS)
 
     async def unlock(self, key: str, token: int) -> None:
+        """Release the lock. When the store does not take it, it is tried again in the
+        background: a lock left behind would hold the session's next compaction for its whole
+        TTL (the summarizer's time), long after the store is back."""
         try:
             await self.store.release_lock(key, token)
         except StoreUnavailable:
+            task = asyncio.create_task(self._release_later(key, token))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
             self._failed("unlock")
+
+    async def _release_later(self, key: str, token: int) -> None:
+        for _ in range(RELEASE_RETRIES):
+            await asyncio.sleep(RELEASE_RETRY_SECONDS)
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release_lock(key, token)
+                return
 
     async def delete(self, key: str) -> None:
         await self.store.delete(key)

@@ -1,9 +1,10 @@
 """Per-session records: versioned, compare-and-set, and a single-flight lock.
 
-`MemoryStore` serves one process, `RedisStore` replicas sharing a Redis; both pass one contract
-suite (tests/test_store.py). Keys are `proxy.sessions.session_key` hashes, so raw client input
-never reaches the store, and the Redis keys of one session share a Redis Cluster hash tag.
-Every failure to answer is `StoreUnavailable`.
+`MemoryStore` serves one process, `RedisStore` replicas sharing a Redis (one server, a
+Cluster, or a master behind Sentinels); both pass one contract suite (tests/test_store.py).
+Keys are `proxy.sessions.session_key` hashes, so raw client input never reaches the store,
+and the Redis keys of one session share a Redis Cluster hash tag. Every failure to answer is
+`StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -17,22 +18,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
-from urllib.parse import urlsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 from redis.typing import EncodableT
 
+from .config.store_url import InvalidStoreURL, parse_store_url
 from .errors import StoreUnavailable
+from .redis_clients import connect
 
 log = logging.getLogger("compaction_proxy")
 
 T = TypeVar("T")
 
 _KEY = re.compile(r"[0-9a-f]{32}")
-_DB_PATH = re.compile(r"(/[0-9]*)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,21 +72,13 @@ def open_store(
     ttl_seconds: int,
     key_prefix: str = "cp",
     timeout_seconds: float = 0.5,
-    max_sessions: int = 100_000,
+    max_sessions: int = 10_000,
 ) -> SessionStore:
-    """`memory://` -> MemoryStore; `redis://host:port/db` or `rediss://…` -> RedisStore."""
-    scheme = urlsplit(url).scheme
-    if scheme == "memory":
-        if url.rstrip("/") != "memory:":
-            raise ValueError("store.url: memory:// takes no host, path or options")
+    """`memory://` -> MemoryStore; any Redis form (`proxy.config.store_url`) -> RedisStore."""
+    if parse_store_url(url).kind == "memory":
         return MemoryStore(ttl_seconds=ttl_seconds, max_sessions=max_sessions)
-    if scheme in ("redis", "rediss"):
-        return RedisStore(
-            url, ttl_seconds=ttl_seconds, key_prefix=key_prefix, timeout_seconds=timeout_seconds
-        )
-    # Only the scheme is echoed: the rest of a URL may hold a password.
-    raise ValueError(
-        f"store.url must start with memory://, redis:// or rediss:// (got scheme {scheme!r})"
+    return RedisStore(
+        url, ttl_seconds=ttl_seconds, key_prefix=key_prefix, timeout_seconds=timeout_seconds
     )
 
 
@@ -129,7 +118,7 @@ class _Lock:
 class MemoryStore:
     """One process: bounded (least recently used out) and with expiry, like Redis."""
 
-    def __init__(self, *, ttl_seconds: float, max_sessions: int = 100_000) -> None:
+    def __init__(self, *, ttl_seconds: float, max_sessions: int = 10_000) -> None:
         _check_positive("ttl_seconds", ttl_seconds)
         _check_positive("max_sessions", max_sessions)
         self._ttl = ttl_seconds
@@ -207,14 +196,25 @@ return version + 1
 """
 
 # KEYS: lock, fence. ARGV: lock TTL ms, fence TTL ms.
+# A token is the master's clock in microseconds, or the newest token + 1 when that is not
+# above it: a failover that loses the newest writes to the fence cannot hand a token out again
+# (as long as the new master's clock is no further behind than the failover took).
 _ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-local token = redis.call('INCR', KEYS[2])
+local time = redis.call('TIME')
+local now = time[1] .. string.format('%06d', tonumber(time[2]))
+local newest = redis.call('GET', KEYS[2])
+local token = now
+if newest and tonumber(newest) >= tonumber(now) then
+  token = redis.call('INCR', KEYS[2])
+else
+  redis.call('SET', KEYS[2], now)
+end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-return token
+return tonumber(token)
 """
 
 # KEYS: lock. ARGV: token.
@@ -230,7 +230,8 @@ class RedisStore:
     """Redis (redis-py asyncio): keys `{prefix}:{<key>}:state|lock|fence`, every one with a TTL.
 
     Every error or timeout becomes StoreUnavailable, and opens a backoff during which calls
-    fail at once: a dead Redis slows a request down at most once per backoff period.
+    fail at once: a dead Redis slows a request down at most once per backoff period. At most
+    `max_connections` calls run at once; the others wait for their turn within the timeout.
     """
 
     def __init__(
@@ -247,21 +248,15 @@ class RedisStore:
         _check_positive("timeout_seconds", timeout_seconds)
         if not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ValueError("store key prefix must be non-empty and without braces")
-        if not _DB_PATH.fullmatch(urlsplit(url).path):
-            raise ValueError("store.url: the path must be a database number, as in redis://host/0")
-        try:
-            pool = BlockingConnectionPool.from_url(
-                url,
-                max_connections=max_connections,
-                timeout=timeout_seconds,
-                socket_timeout=timeout_seconds,
-                socket_connect_timeout=timeout_seconds,
-                retry=Retry(NoBackoff(), 0),  # the backoff below replaces redis-py's retries
-            )
-        except ValueError:
-            # redis-py's message may quote parts of the URL, which may hold a password.
-            raise ValueError("store.url is not a valid redis:// or rediss:// URL") from None
-        self._redis = Redis.from_pool(pool)
+        endpoint = parse_store_url(url)
+        if endpoint.kind == "memory":
+            raise InvalidStoreURL("a Redis store needs a Redis URL")
+        self._connected = connect(
+            endpoint, timeout_seconds=timeout_seconds, max_connections=max_connections
+        )
+        self._redis = self._connected.client
+        # The cluster client raises when a node's connections are all in use: calls queue here.
+        self._slots = asyncio.Semaphore(max_connections)
         self._prefix = key_prefix
         self._ttl_ms = _milliseconds(ttl_seconds)
         self._timeout = timeout_seconds
@@ -281,9 +276,10 @@ class RedisStore:
         if now < self._down_until:
             raise StoreUnavailable("session store unavailable (failing fast after an error)")
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout), self._slots:
+                await self._connected.ready()
                 return await call()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # a client's own bug must not fail the request either
             if self._down_until <= now:
                 log.warning(
                     "session store unavailable, failing fast for %.1f s",
@@ -330,13 +326,13 @@ class RedisStore:
 
     async def ping(self) -> bool:
         try:
-            await self._run(self._redis.ping)
+            await self._run(self._connected.ping)
         except StoreUnavailable:
             return False
         return True
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._connected.close()
 
 
 def _check_key(key: str) -> None:

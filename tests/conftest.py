@@ -20,6 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.config import Config, loads
 from proxy.tokens import configure_offline_encodings
 from tests.fake_upstream import FakeUpstream
+from tests.redis_servers import (
+    Certificates,
+    Cluster,
+    Sentinels,
+    make_certificates,
+    redis_cluster,
+    redis_sentinels,
+)
 from tests.servers import ServerThread, proxy_server
 
 configure_offline_encodings()  # before any test asks tiktoken for an encoding
@@ -118,3 +126,24 @@ def sdk() -> Iterator[SDK]:
             return stack.enter_context(sdk)
 
         yield client
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """A CA and a server certificate for 127.0.0.1, for the tests' TLS servers."""
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def tls_cluster(certificates: Certificates) -> Iterator[Cluster]:
+    """A Redis Cluster over TLS (3 masters, a replica each) the whole session shares; tests
+    that break servers start their own."""
+    with redis_cluster(tls=certificates) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def tls_sentinels(certificates: Certificates) -> Iterator[Sentinels]:
+    """A master, a replica and 3 Sentinels over TLS, shared like `tls_cluster`."""
+    with redis_sentinels(tls=certificates) as sentinels:
+        yield sentinels

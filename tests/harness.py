@@ -24,6 +24,7 @@ from proxy.state import Prepared, SessionState
 from tests.conftest import config_for, merged, metric
 from tests.conversations import words
 from tests.fake_upstream import FakeUpstream, SummaryResult
+from tests.redis_servers import inspector
 from tests.servers import ServerThread, proxy_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -73,7 +74,7 @@ class Harness:
     summaries: Summaries
     config: Config
     servers: list[ServerThread]
-    redis: redis.Redis
+    redis: redis.Redis | redis.RedisCluster
     stack: contextlib.ExitStack  # closes what the harness hands out when it ends
 
     @property
@@ -146,7 +147,7 @@ def harness(*, replicas: int = 1, redis_url: str = REDIS_URL, **sections: Any) -
     `sections` are merged into the config."""
     prefix = f"cptest:{os.urandom(6).hex()}"
     summaries = Summaries()
-    client = redis.Redis.from_url(redis_url)
+    client = inspector(redis_url)
     defaults = {
         "store": {"url": redis_url, "key_prefix": prefix},
         "models": [{"match": MODEL, "context_window": WINDOW}],
@@ -163,7 +164,7 @@ def harness(*, replicas: int = 1, redis_url: str = REDIS_URL, **sections: Any) -
         yield Harness(up, summaries, config, servers, client, stack)
 
 
-def _delete_keys(client: redis.Redis, prefix: str) -> None:
+def _delete_keys(client: redis.Redis | redis.RedisCluster, prefix: str) -> None:
     with contextlib.suppress(redis.ConnectionError):
         keys = list(client.scan_iter(match=f"{prefix}:*"))
         if keys:

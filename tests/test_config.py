@@ -260,7 +260,7 @@ def problems(text: str) -> list[str]:
         ),
         (
             MINIMAL + "store:\n  url: ftp://x\n",
-            "store.url (<config>, line 5): must start with memory://, redis:// or rediss://",
+            "store.url (<config>, line 5): must start with one of memory://, redis://, rediss://,",
         ),
         (
             MINIMAL + "logging:\n  level: loud\n",

@@ -48,7 +48,8 @@ def problems(text: str) -> list[str]:
         ),
         (
             MINIMAL + "store:\n  url: ftp://x\n",
-            "store.url (<config>, line 5): must start with memory://, redis:// or rediss://",
+            "store.url (<config>, line 5): must start with one of memory://, redis://, rediss://, "
+            "redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel://",
         ),
         (
             MINIMAL + "store:\n  url: memory://host/1\n",
@@ -61,7 +62,7 @@ def problems(text: str) -> list[str]:
         ),
         (
             MINIMAL + "store:\n  url: redis://:pw@cache:port/0\n",
-            "store.url (<config>, line 5): the port must be a number from 0 to 65535",
+            "store.url (<config>, line 5): a port must be a number from 1 to 65535",
         ),
         (
             MINIMAL + "store:\n  key_prefix: 'cp{1}'\n",

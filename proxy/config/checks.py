@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from .decoder import Path, Source
 from .schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
+from .store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]
-
-_DB_PATH = re.compile(r"(/[0-9]*)?")
 
 
 def check(config: Config, source: Source) -> None:
@@ -119,9 +117,10 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
     for key in ("shutdown_delay_seconds", "shutdown_grace_seconds"):
         if getattr(config.listen, key) < 0:
             p(("listen", key), "must not be negative")
-    problem = _store_url_problem(config.store.url)
-    if problem:
-        p(("store", "url"), problem)
+    try:
+        parse_store_url(config.store.url)
+    except InvalidStoreURL as exc:
+        p(("store", "url"), exc.problem)
     if config.store.ttl_seconds <= 0:
         p(("store", "ttl_seconds"), "must be positive")
     if config.store.timeout_seconds <= 0:
@@ -131,22 +130,6 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         p(("store", "key_prefix"), "must be non-empty and without braces")
     if config.default_context_window < 256:
         p(("default_context_window",), "must be at least 256")
-
-
-def _store_url_problem(url: str) -> str | None:
-    """What is wrong with a store URL, if anything (never quoting it: it may hold a password)."""
-    if not url.startswith(("memory://", "redis://", "rediss://")):
-        return "must start with memory://, redis:// or rediss://"
-    if url.startswith("memory://"):
-        return None if url.rstrip("/") == "memory:" else "memory:// takes no host, path or options"
-    parts = urlsplit(url)
-    if not _DB_PATH.fullmatch(parts.path):
-        return "the path must be a database number, as in redis://host/0"
-    try:
-        parts.port  # noqa: B018 (parsing the port is the check)
-    except ValueError:
-        return "the port must be a number from 0 to 65535"
-    return None
 
 
 def _check_routes(config: Config, p: Problem) -> None:

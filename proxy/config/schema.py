@@ -9,11 +9,11 @@ import dataclasses
 import fnmatch
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit, urlunsplit
 
 import policies
 
 from ..errors import ProxyError
+from .store_url import masked_url
 
 Dialect = Literal["chat", "responses", "messages"]
 """A wire format the proxy accepts: chat completions (/v1/chat/completions), the Responses
@@ -51,7 +51,7 @@ class Store:
     key_prefix: str = "cp"
     timeout_seconds: float = 0.5
     fail_open: bool = True
-    max_sessions: int = 100_000
+    max_sessions: int = 10_000
     max_branches: int = 4
 
 
@@ -306,7 +306,7 @@ class Config:
                 params[name] = "***"
         if data["admin"]["token"]:
             data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
-        data["store"]["url"] = _mask_url(data["store"]["url"])
+        data["store"]["url"] = masked_url(data["store"]["url"])
         for policy in data["policies"].values():
             policy.update(policy.pop("compaction"))
             # A layer is a mapping of its name to its parameters.
@@ -318,14 +318,3 @@ def named(obj: Any, name: str) -> Any:
     """`obj` (an Upstream or a Policy) with its name, which is its key in the config."""
     object.__setattr__(obj, "name", name)
     return obj
-
-
-def _mask_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    user = f"{parts.username}:" if parts.username else ":"
-    return urlunsplit(parts._replace(netloc=f"{user}***@{host}"))
