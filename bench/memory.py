@@ -225,7 +225,8 @@ async def memo_knee(actives: list[int], rounds: int) -> list[tuple[int, int, flo
     results = []
     for active in actives:
         config = unbounded_config()
-        proxy = Proxy(config, MemoryStore(ttl_seconds=3600), UpstreamClient(), Metrics())
+        metrics = Metrics()
+        proxy = Proxy(config, MemoryStore(ttl_seconds=3600), UpstreamClient(metrics), metrics)
         counter = proxy.limits.limits(LARGE_MODEL).counter
         sessions = [
             request_of(
