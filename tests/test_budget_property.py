@@ -117,7 +117,8 @@ def test_no_forwarded_request_is_over_its_budget_by_the_proxys_exact_count(
 async def session(
     config: Config, model: str, max_tokens: int | None, turns: list[tuple[str, int, float]]
 ) -> None:
-    proxy = Proxy(config, MemoryStore(ttl_seconds=600), UpstreamClient(), Metrics())
+    metrics = Metrics()
+    proxy = Proxy(config, MemoryStore(ttl_seconds=600), UpstreamClient(metrics), metrics)
     compactor = proxy.compactor
     counter = counter_for(model)
     limits = proxy.limits.limits(model)
