@@ -32,8 +32,12 @@ class Budget:
     def usable(self) -> bool:
         """Whether there is room to compact into. Not when the reserved output (a max_tokens
         nearly as large as the window, say) leaves next to no target: compacting would strip
-        the conversation to nothing, so such a request goes upstream unchanged."""
-        return self.target_tokens >= MIN_TARGET_TOKENS
+        the conversation to nothing, so such a request goes upstream unchanged. Judged in the
+        window's own tokens, so a calibrated (`scaled`) budget is as usable as its original."""
+        room = self.window - self.reserved_output - self.safety_margin
+        if self.limit <= 0 or room <= 0:
+            return False
+        return room * self.target_tokens / self.limit >= MIN_TARGET_TOKENS
 
     def status(self, tokens: int) -> Status:
         """`compact` at or over the compact level, `prepare` at or over the prepare level;

@@ -53,8 +53,7 @@ class SummaryPending(SummaryFailed):
 class APIError(ProxyError):
     """An error the client sees, with a status code and OpenAI's error fields."""
 
-    status_code = 500
-    error_type = "server_error"
+    status_code, error_type = 500, "server_error"
     code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
@@ -66,8 +65,7 @@ class APIError(ProxyError):
 
 
 class InvalidRequest(APIError):
-    status_code = 400
-    error_type = "invalid_request_error"
+    status_code, error_type = 400, "invalid_request_error"
 
 
 class ContextLengthExceeded(InvalidRequest):
@@ -75,35 +73,25 @@ class ContextLengthExceeded(InvalidRequest):
 
 
 class Unauthorized(APIError):
-    status_code = 401
-    error_type = "invalid_request_error"
-    code = "invalid_api_key"
+    status_code, error_type, code = 401, "invalid_request_error", "invalid_api_key"
 
 
 class NotFound(APIError):
-    status_code = 404
-    error_type = "invalid_request_error"
-    code = "not_found"
+    status_code, error_type, code = 404, "invalid_request_error", "not_found"
 
 
 class BodyTooLarge(APIError):
-    status_code = 413
-    error_type = "invalid_request_error"
-    code = "request_too_large"
+    status_code, error_type, code = 413, "invalid_request_error", "request_too_large"
 
 
 class Overloaded(APIError):
     """Refused before its body was read: the proxy is at its concurrency cap."""
 
-    status_code = 429
-    error_type = "rate_limit_error"
-    code = "proxy_overloaded"
+    status_code, error_type, code = 429, "rate_limit_error", "proxy_overloaded"
 
 
 class UpstreamUnreachable(APIError):
-    status_code = 502
-    error_type = "upstream_error"
-    code = "upstream_unreachable"
+    status_code, error_type, code = 502, "upstream_error", "upstream_unreachable"
 
 
 class StoreUnavailable(APIError):
@@ -111,23 +99,17 @@ class StoreUnavailable(APIError):
     without the session's state (fail open); a client only sees it when the store is
     configured to fail closed."""
 
-    status_code = 503
-    error_type = "server_error"
-    code = "session_store_unavailable"
+    status_code, error_type, code = 503, "server_error", "session_store_unavailable"
 
 
 class ShuttingDown(APIError):
     """Still unanswered when the shutdown's grace period ran out."""
 
-    status_code = 503
-    error_type = "server_error"
-    code = "proxy_shutting_down"
+    status_code, error_type, code = 503, "server_error", "proxy_shutting_down"
 
 
 class UpstreamTimeout(APIError):
-    status_code = 504
-    error_type = "upstream_error"
-    code = "upstream_timeout"
+    status_code, error_type, code = 504, "upstream_error", "upstream_timeout"
 
 
 class ProviderError(APIError):
