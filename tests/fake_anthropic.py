@@ -108,11 +108,13 @@ from tests.fake_upstream import (  # importing it also points tiktoken at its of
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
     RecordedRequest,
+    Recorder,
     Summarizer,
     count_text,
     default_summary,
     reply_text,
 )
+from tests.fake_upstream import parse_behavior as _parse_behavior
 
 __all__ = [
     "BEHAVIOR_HEADER",
@@ -1038,17 +1040,7 @@ def _cut_text(text: str, limit: int) -> str:
 
 def parse_behavior(raw: str) -> dict[str, str]:
     """``"slow-stream:0.1, tool-call"`` -> ``{"slow-stream": "0.1", "tool-call": ""}``."""
-    behaviors = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, _, arg = item.partition(":")
-        try:
-            convert = _BEHAVIORS[name]
-            if arg or name == "status":
-                convert(arg)
-        except (KeyError, ValueError):
-            raise ValueError(f"unknown fake behavior {item!r}") from None
-        behaviors[name] = arg
-    return behaviors
+    return _parse_behavior(raw, _BEHAVIORS)
 
 
 def _json_response(data: Any) -> web.Response:
@@ -1071,7 +1063,7 @@ def _abort(request: web.BaseRequest) -> None:
         request.transport.abort()
 
 
-class FakeAnthropic:
+class FakeAnthropic(Recorder):
     """The fake API on 127.0.0.1, served from a background thread with its own event loop.
 
     ``windows`` maps models to context windows (``default_window`` otherwise); the models in
@@ -1101,6 +1093,7 @@ class FakeAnthropic:
         record: bool = True,
         port: int = 0,
     ) -> None:
+        super().__init__(record=record)
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -1115,12 +1108,8 @@ class FakeAnthropic:
         self.api_key = api_key
         self.user_first = user_first  # Bedrock's (and the 2024 API's) rule
         self.max_body_bytes = max_body_bytes
-        self.record = record
         self.port = port
         self._signer = _Signer(signing_key or os.urandom(32))
-        self._changed = threading.Condition(threading.RLock())
-        self._requests: list[RecordedRequest] = []
-        self._counts = {"cancelled": 0, "summary_calls": 0}
         self._cache: dict[tuple[str, bytes], tuple[float, float]] = {}  # -> (expiry, ttl)
         self._offset = 0.0
         self._closing = False
@@ -1138,23 +1127,6 @@ class FakeAnthropic:
     def base_url(self) -> str:
         """What the SDK's ``base_url`` and Claude Code's ``ANTHROPIC_BASE_URL`` take (no /v1)."""
         return self.origin
-
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        """A snapshot of the requests received, oldest first."""
-        with self._changed:
-            return list(self._requests)
-
-    @property
-    def cancelled(self) -> int:
-        """Requests whose client went away before the answer was complete."""
-        with self._changed:
-            return self._counts["cancelled"]
-
-    @property
-    def summary_calls(self) -> int:
-        with self._changed:
-            return self._counts["summary_calls"]
 
     @property
     def cache_entries(self) -> int:
@@ -1179,14 +1151,8 @@ class FakeAnthropic:
     def reset(self) -> None:
         """Forget the requests, the counters and the prompt cache (settings are kept)."""
         with self._changed:
-            self._requests.clear()
-            self._counts = dict.fromkeys(self._counts, 0)
+            self._forget()
             self._cache.clear()
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        """Block until predicate() is true (re-checked on every request and count), or timeout."""
-        with self._changed:
-            return self._changed.wait_for(predicate, timeout)
 
     def sign(self, thinking: str) -> str:
         """The signature this fake gives, and accepts, for a thinking block with this text."""
@@ -1243,11 +1209,6 @@ class FakeAnthropic:
         self._loop.close()
         self._loop = self._thread = self._runner = None
 
-    def _count(self, name: str) -> None:
-        with self._changed:
-            self._counts[name] += 1
-            self._changed.notify_all()
-
     @staticmethod
     async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault("request-id", _request_id())
@@ -1260,19 +1221,7 @@ class FakeAnthropic:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             data = None
-        if self.record:
-            with self._changed:
-                self._requests.append(
-                    RecordedRequest(
-                        request.method,
-                        request.raw_path.partition("?")[0],
-                        request.query_string,
-                        request.headers,
-                        raw,
-                        data,
-                    )
-                )
-                self._changed.notify_all()
+        self._note(request, raw, data)
         try:
             behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
         except ValueError as exc:
@@ -1283,7 +1232,7 @@ class FakeAnthropic:
             response = self._error(request, exc)
         except asyncio.CancelledError:
             if not self._closing:
-                self._count("cancelled")
+                self.bump("cancelled")
             raise
         gzip = "gzip" in behaviors and "gzip" in request.headers.get("accept-encoding", "")
         if gzip and not response.prepared:
@@ -1382,7 +1331,7 @@ class FakeAnthropic:
                 f" {window}, decrease input length or `max_tokens` and try again"
             )
         if is_summary_request(request.headers, body):
-            self._count("summary_calls")
+            self.bump("summary_calls")
             await asyncio.sleep(self.summary_delay)
             text, tool = await self._summarize(body), None
         else:
@@ -1523,7 +1472,7 @@ class FakeAnthropic:
                 await response.write(event)
             await response.write_eof()
         except ConnectionResetError:  # the client went away between two events
-            self._count("cancelled")
+            self.bump("cancelled")
         return response
 
 

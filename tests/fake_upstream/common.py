@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -213,19 +214,81 @@ def call_id(raw: bytes) -> str:
 # -- behaviours and the wire ----------------------------------------------------------------------
 
 
-def parse_behavior(raw: str) -> dict[str, str]:
-    """``"slow-stream:0.1, gzip"`` -> ``{"slow-stream": "0.1", "gzip": ""}``; ValueError if bad."""
+def parse_behavior(
+    raw: str, known: Mapping[str, Callable[[str], object]] | None = None
+) -> dict[str, str]:
+    """``"slow-stream:0.1, gzip"`` -> ``{"slow-stream": "0.1", "gzip": ""}``; ValueError if bad.
+
+    `known`: the behaviours a fake understands and how each argument is read (this fake's by
+    default; other fakes pass their own)."""
+    known = _BEHAVIORS if known is None else known
     behaviors = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, _, arg = item.partition(":")
         try:
-            convert = _BEHAVIORS[name]
+            convert = known[name]
             if arg or name == "status":
                 convert(arg)
         except (KeyError, ValueError):
             raise ValueError(f"unknown fake behavior {item!r}") from None
         behaviors[name] = arg
     return behaviors
+
+
+class Recorder:
+    """What a fake remembers of its traffic: the requests (when `record`) and counters, with
+    `wait_for` woken on every change. Every fake server is one."""
+
+    def __init__(self, *counters: str, record: bool = True) -> None:
+        self.record = record  # off for benchmarks, whose bodies would pile up
+        self._changed = threading.Condition(threading.RLock())
+        self._requests: list[RecordedRequest] = []
+        self._counts = dict.fromkeys(("cancelled", "summary_calls", *counters), 0)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A snapshot of the requests received, oldest first."""
+        with self._changed:
+            return list(self._requests)
+
+    @property
+    def cancelled(self) -> int:
+        """Requests whose client went away before the answer was complete."""
+        with self._changed:
+            return self._counts["cancelled"]
+
+    @property
+    def summary_calls(self) -> int:
+        with self._changed:
+            return self._counts["summary_calls"]
+
+    def bump(self, name: str) -> None:
+        """Add one to a counter and wake wait_for."""
+        with self._changed:
+            self._counts[name] += 1
+            self._changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Block until predicate() is true (re-checked on every request and count), or timeout.
+
+        From a coroutine on a loop that serves the proxy, call it via ``asyncio.to_thread``.
+        """
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
+
+    def _forget(self) -> None:
+        """The requests and counters, back to none (the caller holds the lock)."""
+        self._requests.clear()
+        self._counts = dict.fromkeys(self._counts, 0)
+
+    def _note(self, request: web.BaseRequest, raw: bytes, data: Any) -> None:
+        if self.record:
+            recorded = RecordedRequest(
+                request.method, raw_path(request), request.query_string, request.headers, raw, data
+            )
+            with self._changed:
+                self._requests.append(recorded)
+                self._changed.notify_all()
 
 
 def raw_path(request: web.BaseRequest) -> str:

@@ -10,7 +10,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -24,7 +24,7 @@ from tests.fake_upstream.common import (
     PARSE_ERROR,
     SERVER_ERROR,
     ApiError,
-    RecordedRequest,
+    Recorder,
     Summarizer,
     abort,
     bad,
@@ -34,7 +34,6 @@ from tests.fake_upstream.common import (
     maybe_gzip,
     missing,
     parse_behavior,
-    raw_path,
 )
 from tests.fake_upstream.responses_input import Memory
 
@@ -76,7 +75,7 @@ def _embeddings(body: Any) -> dict[str, Any]:
     return {"object": "list", "data": data, "model": body["model"], "usage": usage}
 
 
-class FakeUpstream:
+class FakeUpstream(Recorder):
     """The fake API on 127.0.0.1, served from a background thread with its own event loop."""
 
     def __init__(
@@ -92,6 +91,7 @@ class FakeUpstream:
         record: bool = True,
         port: int = 0,
     ) -> None:
+        super().__init__("compact_calls", record=record)
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -100,12 +100,8 @@ class FakeUpstream:
         self.summarizer = summarizer
         self.summary_delay = summary_delay
         self.api_key = api_key  # None: any credential is accepted
-        self.record = record  # off for benchmarks, whose bodies would pile up
         self.port = port
         self.memory = Memory()  # what the Responses API remembers between requests
-        self._changed = threading.Condition(threading.RLock())
-        self._requests: list[RecordedRequest] = []
-        self._counts = {"cancelled": 0, "summary_calls": 0, "compact_calls": 0}
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -120,23 +116,6 @@ class FakeUpstream:
         return f"{self.origin}/v1"
 
     @property
-    def requests(self) -> list[RecordedRequest]:
-        """A snapshot of the requests received, oldest first."""
-        with self._changed:
-            return list(self._requests)
-
-    @property
-    def cancelled(self) -> int:
-        """Requests whose client went away before the answer was complete."""
-        with self._changed:
-            return self._counts["cancelled"]
-
-    @property
-    def summary_calls(self) -> int:
-        with self._changed:
-            return self._counts["summary_calls"]
-
-    @property
     def compact_calls(self) -> int:
         """Calls of ``POST /v1/responses/compact``."""
         with self._changed:
@@ -146,17 +125,8 @@ class FakeUpstream:
         """Forget the requests, zero the counters and empty the prompt cache (settings are kept,
         and so are stored responses and the items the Responses API produced)."""
         with self._changed:
-            self._requests.clear()
-            self._counts = dict.fromkeys(self._counts, 0)
+            self._forget()
             self.memory.cache.clear()
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        """Block until predicate() is true (re-checked on every request and count), or timeout.
-
-        From a coroutine on a loop that serves the proxy, call it via ``asyncio.to_thread``.
-        """
-        with self._changed:
-            return self._changed.wait_for(predicate, timeout)
 
     def window_of(self, model: str) -> int:
         return self.windows.get(model, self.default_window)
@@ -200,12 +170,6 @@ class FakeUpstream:
         self._loop.close()
         self._loop = self._thread = self._runner = None
 
-    def bump(self, name: str) -> None:
-        """Add one to a counter and wake wait_for."""
-        with self._changed:
-            self._counts[name] += 1
-            self._changed.notify_all()
-
     @staticmethod
     async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-request-id"] = "req_" + os.urandom(12).hex()
@@ -216,13 +180,7 @@ class FakeUpstream:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             data = None
-        if self.record:
-            headers, query = request.headers, request.query_string
-            with self._changed:
-                self._requests.append(
-                    RecordedRequest(request.method, raw_path(request), query, headers, raw, data)
-                )
-                self._changed.notify_all()
+        self._note(request, raw, data)
         try:
             behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
         except ValueError as exc:
