@@ -95,20 +95,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import orjson
 import tiktoken
-import uvloop
 from aiohttp import web
 
 from tests.fake_upstream import (  # importing it also points tiktoken at its offline files
     BEHAVIOR_HEADER,
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
+    FakeServer,
     RecordedRequest,
-    Recorder,
     Summarizer,
     count_text,
     default_summary,
@@ -1063,7 +1061,7 @@ def _abort(request: web.BaseRequest) -> None:
         request.transport.abort()
 
 
-class FakeAnthropic(Recorder):
+class FakeAnthropic(FakeServer):
     """The fake API on 127.0.0.1, served from a background thread with its own event loop.
 
     ``windows`` maps models to context windows (``default_window`` otherwise); the models in
@@ -1093,7 +1091,7 @@ class FakeAnthropic(Recorder):
         record: bool = True,
         port: int = 0,
     ) -> None:
-        super().__init__(record=record)
+        super().__init__(record=record, port=port, max_body_bytes=max_body_bytes + 2**20)
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -1108,14 +1106,9 @@ class FakeAnthropic(Recorder):
         self.api_key = api_key
         self.user_first = user_first  # Bedrock's (and the 2024 API's) rule
         self.max_body_bytes = max_body_bytes
-        self.port = port
         self._signer = _Signer(signing_key or os.urandom(32))
         self._cache: dict[tuple[str, bytes], tuple[float, float]] = {}  # -> (expiry, ttl)
         self._offset = 0.0
-        self._closing = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
 
     # -- for the tests ----------------------------------------------------------------------------
 
@@ -1168,46 +1161,6 @@ class FakeAnthropic(Recorder):
         fields = _COUNT_FIELDS | _BETA_FIELDS.keys()
         body = {k: v for k, v in body.items() if k in fields}
         return parse_request(body, headers or {}, self._signer, count_only=True).total
-
-    # -- lifecycle --------------------------------------------------------------------------------
-
-    def __enter__(self) -> FakeAnthropic:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        sock = socket.create_server(("127.0.0.1", self.port))
-        self.port = sock.getsockname()[1]
-        self._closing = False
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._serve(sock), self._loop).result(timeout=10)
-
-    async def _serve(self, sock: socket.socket) -> None:
-        app = web.Application(client_max_size=self.max_body_bytes + 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        app.on_response_prepare.append(self._add_request_id)
-        self._runner = web.AppRunner(
-            app, handler_cancellation=True, shutdown_timeout=0.1, access_log=None
-        )
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-
-    def stop(self) -> None:
-        if self._loop is None or self._thread is None or self._runner is None:
-            return
-        self._closing = True
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
-        self._loop = self._thread = self._runner = None
 
     @staticmethod
     async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:

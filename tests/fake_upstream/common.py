@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import os
@@ -13,10 +14,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import orjson
 import tiktoken
+import uvloop
 from aiohttp import web
 
 _litellm = importlib.util.find_spec("litellm")  # its tokenizer files make tiktoken work offline
@@ -235,15 +238,70 @@ def parse_behavior(
     return behaviors
 
 
-class Recorder:
-    """What a fake remembers of its traffic: the requests (when `record`) and counters, with
-    `wait_for` woken on every change. Every fake server is one."""
+class FakeServer:
+    """A fake API on loopback, in a thread with its own loop: every request goes to `_handle`.
+    It remembers its traffic: the requests (when `record`) and counters, with `wait_for` woken
+    on every change."""
 
-    def __init__(self, *counters: str, record: bool = True) -> None:
+    def __init__(
+        self, *counters: str, record: bool = True, port: int = 0, max_body_bytes: int
+    ) -> None:
         self.record = record  # off for benchmarks, whose bodies would pile up
+        self.port = port
+        self.client_max_size = max_body_bytes
         self._changed = threading.Condition(threading.RLock())
         self._requests: list[RecordedRequest] = []
         self._counts = dict.fromkeys(("cancelled", "summary_calls", *counters), 0)
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        sock = socket.create_server(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        self._closing = False
+        self._loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(sock), self._loop).result(timeout=10)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        app = web.Application(client_max_size=self.client_max_size)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        app.on_response_prepare.append(self._add_request_id)
+        # a client that goes away cancels its handler, which is how cancellations are seen
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=0.1, access_log=None
+        )
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None or self._runner is None:
+            return
+        self._closing = True  # handlers cancelled by the shutdown are not client cancellations
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+        self._loop = self._thread = self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    @staticmethod
+    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+        raise NotImplementedError
 
     @property
     def requests(self) -> list[RecordedRequest]:

@@ -7,15 +7,11 @@ import base64
 import hashlib
 import inspect
 import os
-import socket
 import struct
-import threading
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
 import orjson
-import uvloop
 from aiohttp import web
 
 from tests.fake_upstream import chat, responses
@@ -24,7 +20,7 @@ from tests.fake_upstream.common import (
     PARSE_ERROR,
     SERVER_ERROR,
     ApiError,
-    Recorder,
+    FakeServer,
     Summarizer,
     abort,
     bad,
@@ -75,7 +71,7 @@ def _embeddings(body: Any) -> dict[str, Any]:
     return {"object": "list", "data": data, "model": body["model"], "usage": usage}
 
 
-class FakeUpstream(Recorder):
+class FakeUpstream(FakeServer):
     """The fake API on 127.0.0.1, served from a background thread with its own event loop."""
 
     def __init__(
@@ -91,7 +87,7 @@ class FakeUpstream(Recorder):
         record: bool = True,
         port: int = 0,
     ) -> None:
-        super().__init__("compact_calls", record=record)
+        super().__init__("compact_calls", record=record, port=port, max_body_bytes=100 * 2**20)
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -100,12 +96,7 @@ class FakeUpstream(Recorder):
         self.summarizer = summarizer
         self.summary_delay = summary_delay
         self.api_key = api_key  # None: any credential is accepted
-        self.port = port
         self.memory = Memory()  # what the Responses API remembers between requests
-        self._closing = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
 
     @property
     def origin(self) -> str:
@@ -130,45 +121,6 @@ class FakeUpstream(Recorder):
 
     def window_of(self, model: str) -> int:
         return self.windows.get(model, self.default_window)
-
-    def __enter__(self) -> FakeUpstream:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        sock = socket.create_server(("127.0.0.1", self.port))
-        self.port = sock.getsockname()[1]
-        self._closing = False
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._serve(sock), self._loop).result(timeout=10)
-
-    async def _serve(self, sock: socket.socket) -> None:
-        app = web.Application(client_max_size=100 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        app.on_response_prepare.append(self._add_request_id)
-        # a client that goes away cancels its handler, which is how cancellations are seen
-        self._runner = web.AppRunner(
-            app, handler_cancellation=True, shutdown_timeout=0.1, access_log=None
-        )
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-
-    def stop(self) -> None:
-        if self._loop is None or self._thread is None or self._runner is None:
-            return
-        self._closing = True  # handlers cancelled by the shutdown are not client cancellations
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
-        self._loop = self._thread = self._runner = None
 
     @staticmethod
     async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
