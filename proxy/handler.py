@@ -75,8 +75,7 @@ class Handler:
                 "history held upstream: forwarded unchanged",
                 extra={"api": self.dialect.name, "reason": parsed.opaque_reason},
             )
-        send_headers = relayable(headers.items(), self.drop_headers)
-        send_headers.append(("Accept-Encoding", "identity"))
+        send_headers = [*client_request.headers, ("Accept-Encoding", "identity")]
         query = query_string(request)
         path = self.dialect.upstream_path
         overhead = time.perf_counter() - started
@@ -143,8 +142,8 @@ class Handler:
                 body, action = self.dialect.render(parsed, entries), "replayed"
         upstream = client_request.upstream
         path = str(self.dialect.count_path).removeprefix("/v1")
-        send_headers = relayable(headers.items(), self.drop_headers)
         query = query_string(request)
+        send_headers = list(client_request.headers)
         response = await self.client.open(upstream, "POST", path, query, send_headers, body)
         payload = await response.read(upstream.timeouts.stream_idle)
         response.release()
@@ -180,6 +179,7 @@ class Handler:
                 if name in self.carried and name not in self.drop_headers
             ),
             window=self.dialect.window(headers),
+            headers=tuple(relayable(headers.items(), self.drop_headers)),
         )
 
     def _headers(
@@ -262,6 +262,7 @@ class Handler:
         what the upstream's prompt cache read and wrote."""
         if usage is None:
             return
+        self.compactor.count_cache(request, usage)
         if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
             self.compactor.calibrate(request, forward, usage.prompt_tokens)
         dialect = self.dialect.name

@@ -92,6 +92,7 @@ policies:
       temperature: 0.0
       request_wait_seconds: 1.5
     cache_breakpoints: false
+    exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5}}
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -154,6 +155,8 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
     assert not policy.cache_breakpoints and config.policies["cheap"].cache_breakpoints
     assert policy.summarizer.request_wait_seconds == 1.5
+    assert (policy.exact_count.via, policy.exact_count.margin) == ("count_tokens", 0.2)
+    assert config.policies["cheap"].exact_count.via == "none"
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
     assert [name for name, _ in compaction.layers] == [
@@ -210,6 +213,7 @@ def test_every_setting_is_documented() -> None:
         config_module.Timeouts,
         config_module.ModelOverride,
         config_module.Summarizer,
+        config_module.ExactCount,
         config_module.Policy,
         config_module.Route,
         config_module.Admin,

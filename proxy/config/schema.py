@@ -181,6 +181,16 @@ class Summarizer:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExactCount:
+    """The upstream's exact count of what is sent, asked for when the estimate is near the
+    compaction level, on APIs that have a count endpoint (Anthropic's count_tokens)."""
+
+    via: Literal["none", "count_tokens"] = "none"
+    margin: float = 0.15  # near: within this fraction of the compaction level, either side
+    timeout_seconds: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     """A named policy: the engine's policy (levels, protection, anchors, layers), the
     summarizer that writes its summaries and how the view is marked for prompt caches. In
@@ -190,6 +200,7 @@ class Policy:
     # Anthropic Messages: add the proxy's own prompt-cache breakpoints in the slots the
     # client left free (docs/anthropic.md).
     cache_breakpoints: bool = True
+    exact_count: ExactCount = ExactCount()
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )
