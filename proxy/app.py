@@ -26,6 +26,7 @@ from .compactor import Compactor
 from .config import Config
 from .dialects import DIALECTS, Dialect
 from .dialects.chat import Chat
+from .dialects.responses import Responses
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .gate import Gate
 from .handler import Handler
@@ -87,7 +88,7 @@ class Proxy:
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
         self._passthrough = config.upstreams[next(n for n in defaults if n)]
         self.litellm = litellm_transport.register(client, config)
-        responses = next(h for h in self.handlers if h.dialect.path == ProviderCompaction.path)
+        responses = next(h for h in self.handlers if isinstance(h.dialect, Responses))
         self.provider_compaction = ProviderCompaction(
             config, self.tenants, responses, self.passthrough, summarizers, self.limits, metrics
         )

@@ -48,14 +48,15 @@ log = logging.getLogger("compaction_proxy")
 Endpoint = Callable[[Request], Awaitable[ASGIApp]]
 COMPACT_PATH = "/v1/responses/compact"
 TRIGGER = "compaction_trigger"
-_TRIGGER_MARKER = b'"' + TRIGGER.encode() + b'"'
+# One scan of a body tells that it holds no compaction or compaction_trigger item (both
+# types start so); only then the two longer, slower ones.
+_ITEMS = b'"compaction'
+_TRIGGER = b'"' + TRIGGER.encode() + b'"'
 MIN_SUMMARY_TOKENS = 256  # a summary cap below this says too little to go on from
 
 
 class ProviderCompaction:
     """`POST /v1/responses` in front of its handler, and `POST /v1/responses/compact`."""
-
-    path = "/v1/responses"  # the path of the handler it stands in front of
 
     def __init__(
         self,
@@ -87,7 +88,7 @@ class ProviderCompaction:
         """`POST /v1/responses`: the proxy's items expanded, a trigger served under `serve`;
         then the request path, with the body as received when nothing was expanded."""
         raw = await read_body(request, self.config.listen.max_body_bytes)
-        if MARKER in raw or _TRIGGER_MARKER in raw:
+        if _ITEMS in raw and (MARKER in raw or _TRIGGER in raw):
             read = self._read(request, raw)
             if read is not None:
                 triggers = [i for i, item in enumerate(read.items) if _is_trigger(item)]

@@ -281,6 +281,15 @@ def test_items_of_the_provider_are_not_the_proxys(
     assert not is_proxy_item(item)
 
 
+def test_a_body_without_the_proxys_items_goes_on_byte_for_byte(
+    up: FakeUpstream, proxy: ServerThread
+) -> None:
+    raw = orjson.dumps({"model": MODEL, "input": history(2)}, option=orjson.OPT_INDENT_2)
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
+    assert httpx.post(proxy.url + RESPONSES, content=raw, headers=headers).status_code == 200
+    assert up.requests[-1].body == raw
+
+
 def test_replicas_sharing_the_key_read_each_others_items(
     up: FakeUpstream, client: openai.OpenAI
 ) -> None:
