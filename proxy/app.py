@@ -26,11 +26,13 @@ from .compactor import Compactor
 from .config import Config
 from .dialects import DIALECTS, Dialect
 from .dialects.chat import Chat
+from .dialects.responses import Responses
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .gate import Gate
 from .handler import Handler
 from .limits import ModelLimits
 from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .provider_compaction import COMPACT_PATH, ProviderCompaction
 from .requests import query_string, read_body
 from .sessions import Sessions
 from .store import SessionStore, open_store
@@ -64,9 +66,8 @@ class Proxy:
         self.tenants = Tenants(config.auth)
         self.limits = ModelLimits(config)
         self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open)
-        self.prepared = PreparedSummaries(
-            self.sessions, Summarizers(config, client, self.limits, metrics), metrics
-        )
+        summarizers = Summarizers(config, client, self.limits, metrics)
+        self.prepared = PreparedSummaries(self.sessions, summarizers, metrics)
         self.calibration = Calibration()
         self.compactor = Compactor(
             self.sessions,
@@ -87,6 +88,10 @@ class Proxy:
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
         self._passthrough = config.upstreams[next(n for n in defaults if n)]
         self.litellm = litellm_transport.register(client, config)
+        responses = next(h for h in self.handlers if isinstance(h.dialect, Responses))
+        self.provider_compaction = ProviderCompaction(
+            config, self.tenants, responses, self.passthrough, summarizers, self.limits, metrics
+        )
         messages = config.default_upstream_for("messages")
         anthropic = config.upstreams.get(messages or "")
         self._anthropic = (
@@ -300,8 +305,17 @@ def create_app(
     ) -> Route:
         return Route(path, _Endpoint(guarded(endpoint, metrics, dialect), metrics), methods=methods)
 
+    provider_compaction = proxy.provider_compaction
+    responses = provider_compaction.dialect
     routes: list[BaseRoute] = [
-        *(route(h.dialect.path, h, ["POST"], h.dialect) for h in proxy.handlers),
+        *(
+            route(h.dialect.path, h, ["POST"], h.dialect)
+            for h in proxy.handlers
+            if h.dialect is not responses
+        ),
+        # The Responses API's path goes through provider compaction first.
+        route(responses.path, provider_compaction.responses, ["POST"], responses),
+        route(COMPACT_PATH, provider_compaction.compact, ["POST"], responses),
         *(
             route(h.dialect.count_path, h.count_tokens, ["POST"], h.dialect)
             for h in proxy.handlers

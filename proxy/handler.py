@@ -66,7 +66,7 @@ class Handler:
         tenant = self.tenants.tenant(headers)
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
-        client_request = self._client_request(headers, tenant, parsed)
+        client_request = self.client_request(headers, tenant, parsed)
         upstream = client_request.upstream
         forward = await self.compactor.prepare(client_request)
         if parsed.opaque_reason is not None:
@@ -135,7 +135,7 @@ class Handler:
         tenant = self.tenants.tenant(headers)
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
-        client_request = self._client_request(headers, tenant, parsed)
+        client_request = self.client_request(headers, tenant, parsed)
         body, action = raw, "none"
         if headers.get(self.config.sessions.header) or self.dialect.session_hint(headers, parsed):
             entries = await self.compactor.view(client_request)
@@ -152,7 +152,7 @@ class Handler:
         own = [("x-compaction-session", client_request.key), ("x-compaction-action", action)]
         return _response(payload, response.status, relayable(response.headers) + own)
 
-    def _client_request(
+    def client_request(
         self, headers: Mapping[str, str], tenant: str, parsed: Parsed
     ) -> ClientRequest:
         """The request routed, with its session and what its own summary call may carry."""

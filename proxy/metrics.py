@@ -128,5 +128,20 @@ class Metrics:
             registry=r,
         )
 
+        self.provider_compactions = Counter(
+            "compaction_proxy_provider_compactions",
+            "Provider compactions of the Responses API the proxy served itself (policy"
+            " provider_compaction: serve), by how they were asked (compact: the compact"
+            " endpoint, trigger: a compaction_trigger item) and what stands for the history"
+            " (llm, digest: the summarizer failed).",
+            ["via", "summary"],
+            registry=r,
+        )
+        self.compaction_items_expanded = Counter(
+            "compaction_proxy_compaction_items_expanded",
+            "The proxy's own compaction items expanded into their summary before forwarding.",
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

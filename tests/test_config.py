@@ -23,6 +23,7 @@ SECRETS = {
     "CP_TEST_OPENAI_KEY": "sk-live-0123456789",
     "CP_TEST_ADMIN_TOKEN": "admin-token-9876",
     "CP_TEST_REDIS_PASSWORD": "redis-pass-5555",
+    "CP_TEST_ITEMS_KEY": "items-key-0123456789abcdef0123456789",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -92,6 +93,7 @@ policies:
       temperature: 0.0
       request_wait_seconds: 1.5
     cache_breakpoints: false
+    provider_compaction: serve
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -106,6 +108,8 @@ routes:
   - {{policy: default, model: "gpt-4o*", policy_header: careful, upstream: local, dialects: [chat]}}
 admin:
   token: ${{CP_TEST_ADMIN_TOKEN}}
+compaction_items:
+  signing_key: ${{CP_TEST_ITEMS_KEY}}
 logging:
   level: debug
   format: text
@@ -153,6 +157,9 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (compaction.reserved_output_tokens, compaction.safety_margin_tokens) == (2048, 128)
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
     assert not policy.cache_breakpoints and config.policies["cheap"].cache_breakpoints
+    assert policy.provider_compaction == "serve"
+    assert config.policies["cheap"].provider_compaction == "relay"
+    assert config.compaction_items.signing_key == secrets["CP_TEST_ITEMS_KEY"]
     assert policy.summarizer.request_wait_seconds == 1.5
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
@@ -322,6 +329,14 @@ def problems(text: str) -> list[str]:
         ),
         ("listen: {}\n", "upstreams: is required"),
         (
+            MINIMAL + "compaction_items:\n  signing_key: short\n",
+            "compaction_items.signing_key (<config>, line 5): must be at least 32 characters",
+        ),
+        (
+            MINIMAL + "policies:\n  default:\n    provider_compaction: answer\n",
+            "policies.default.provider_compaction (<config>, line 6):",
+        ),
+        (
             MINIMAL + "  two:\n    base_url: http://127.0.0.1:9/v1\n",
             "default_upstream: names no upstream: ''",
         ),
@@ -403,6 +418,7 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     assert masked["upstreams"]["openai"]["api_key"] == "***"
     assert masked["upstreams"]["local"]["api_key"] is None
     assert masked["admin"]["token"] == "***"
+    assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"
     text = orjson.dumps(masked).decode()
     for secret in secrets.values():

@@ -16,6 +16,7 @@ from .schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
 from .store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]
+MIN_SIGNING_KEY = 32  # characters of a compaction item signing key: 128 bits and more
 
 
 def check(config: Config, source: Source) -> None:
@@ -49,6 +50,9 @@ def check(config: Config, source: Source) -> None:
         if len(key.sha256) != 64 or any(c not in "0123456789abcdef" for c in key.sha256):
             p(("auth", "keys", i, "sha256"), "must be 64 lowercase hex characters")
     _check_open_relay(config, p)
+    signing_key = config.compaction_items.signing_key
+    if signing_key is not None and len(signing_key) < MIN_SIGNING_KEY:
+        p(("compaction_items", "signing_key"), f"must be at least {MIN_SIGNING_KEY} characters")
 
 
 def _check_upstreams(config: Config, p: Problem) -> None:

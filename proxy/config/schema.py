@@ -190,6 +190,9 @@ class Policy:
     # Anthropic Messages: add the proxy's own prompt-cache breakpoints in the slots the
     # client left free (docs/anthropic.md).
     cache_breakpoints: bool = True
+    # Responses API: provider compaction (/v1/responses/compact, a compaction_trigger item)
+    # relayed to the upstream, or served by the proxy itself (docs/responses.md).
+    provider_compaction: Literal["relay", "serve"] = "relay"
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )
@@ -218,6 +221,15 @@ class Admin:
 
 
 @dataclasses.dataclass(frozen=True)
+class CompactionItems:
+    """The compaction items the proxy issues when it serves provider compaction."""
+
+    # Signs them (HMAC-SHA256); None: a random key of this process, so that its items do not
+    # outlive it nor travel to other replicas.
+    signing_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Logging:
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "text"] = "json"
@@ -240,6 +252,7 @@ class Config:
     default_policy: str = "default"
     routes: tuple[Route, ...] = ()
     admin: Admin = Admin()
+    compaction_items: CompactionItems = CompactionItems()
     logging: Logging = Logging()
 
     def model(self, model: str) -> ModelOverride | None:
@@ -306,6 +319,8 @@ class Config:
                 params[name] = "***"
         if data["admin"]["token"]:
             data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
+        if data["compaction_items"]["signing_key"]:
+            data["compaction_items"]["signing_key"] = "***"
         data["store"]["url"] = masked_url(data["store"]["url"])
         for policy in data["policies"].values():
             policy.update(policy.pop("compaction"))
