@@ -65,8 +65,8 @@ class CompactionSeal:
                 param=where,
                 code="invalid_encrypted_content",
             )
-        # Authentic, so made by `seal`: bounded all the same.
-        data = orjson.loads(zlib.decompress(body, bufsize=_MAX_SUMMARY_BYTES))
+        # Authentic, so made by `seal`; the inflated size is bounded all the same.
+        data = orjson.loads(zlib.decompressobj().decompress(body, _MAX_SUMMARY_BYTES))
         return Summary(str(data["text"]), "llm" if data.get("kind") == "llm" else "digest")
 
     def _mac(self, tenant: str, body: bytes) -> bytes:
