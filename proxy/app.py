@@ -29,6 +29,7 @@ from .dialects.chat import Chat
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .gate import Gate
 from .handler import Handler
+from .hooks import Hooks
 from .limits import ModelLimits
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .requests import query_string, read_body
@@ -65,7 +66,10 @@ class Proxy:
         self.limits = ModelLimits(config)
         self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open)
         self.prepared = PreparedSummaries(
-            self.sessions, Summarizers(config, client, self.limits, metrics), metrics
+            self.sessions,
+            Summarizers(config, client, self.limits, metrics),
+            metrics,
+            Hooks(config.hooks, metrics),
         )
         self.calibration = Calibration()
         self.compactor = Compactor(
@@ -76,7 +80,9 @@ class Proxy:
             max_branches=config.store.max_branches,
         )
         # The proxy's own headers stop here.
-        drop = {config.sessions.header.lower(), config.sessions.policy_header.lower()}
+        sessions = config.sessions
+        drop = {sessions.header, sessions.policy_header, sessions.shadow_header}
+        drop = {name.lower() for name in drop}
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         self._drop = frozenset(drop)
@@ -287,6 +293,7 @@ def create_app(
         yield
         await warming
         await proxy.prepared.close()
+        await proxy.prepared.hooks.close()
         await proxy.sessions.close()
         if proxy.litellm is not None:
             await proxy.litellm.close()

@@ -59,6 +59,7 @@ class Store:
 class Sessions:
     header: str = "X-Session-Id"
     policy_header: str = "X-Compaction-Policy"
+    shadow_header: str = "X-Compaction-Shadow"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,10 +191,30 @@ class Policy:
     # Anthropic Messages: add the proxy's own prompt-cache breakpoints in the slots the
     # client left free (docs/anthropic.md).
     cache_breakpoints: bool = True
+    # Compute, store and report what compaction would do, but forward the client's request
+    # unchanged (a rollout that only observes).
+    shadow: bool = False
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )
     name: str = dataclasses.field(default="", init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """An HTTP webhook told about compactions (docs/config.md, `hooks`)."""
+
+    url: str
+    timeout_seconds: float = 1.0
+    include_text: bool = False  # message, summary and anchor text in the payload
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    max_in_flight: int = 64  # calls under way at once; past it a call is dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    pre_compact: Hook | None = None  # before a summary is requested; may add instructions
+    post_compact: Hook | None = None  # the outcome of a compaction, off the request path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +261,7 @@ class Config:
     default_policy: str = "default"
     routes: tuple[Route, ...] = ()
     admin: Admin = Admin()
+    hooks: Hooks = Hooks()
     logging: Logging = Logging()
 
     def model(self, model: str) -> ModelOverride | None:
@@ -307,6 +329,9 @@ class Config:
         if data["admin"]["token"]:
             data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
         data["store"]["url"] = masked_url(data["store"]["url"])
+        for hook in data["hooks"].values():
+            if hook is not None:  # a hook's headers are where its credential goes
+                hook["headers"] = dict.fromkeys(hook["headers"], "***")
         for policy in data["policies"].values():
             policy.update(policy.pop("compaction"))
             # A layer is a mapping of its name to its parameters.
