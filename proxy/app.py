@@ -30,6 +30,7 @@ from .dialects.responses import Responses
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .gate import Gate
 from .handler import Handler
+from .hooks import Hooks
 from .limits import ModelLimits
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .provider_compaction import COMPACT_PATH, ProviderCompaction
@@ -67,7 +68,9 @@ class Proxy:
         self.limits = ModelLimits(config)
         self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open)
         summarizers = Summarizers(config, client, self.limits, metrics)
-        self.prepared = PreparedSummaries(self.sessions, summarizers, metrics)
+        self.prepared = PreparedSummaries(
+            self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
+        )
         self.calibration = Calibration()
         self.compactor = Compactor(
             self.sessions,
@@ -77,7 +80,9 @@ class Proxy:
             max_branches=config.store.max_branches,
         )
         # The proxy's own headers stop here.
-        drop = {config.sessions.header.lower(), config.sessions.policy_header.lower()}
+        sessions = config.sessions
+        drop = {sessions.header, sessions.policy_header, sessions.shadow_header}
+        drop = {name.lower() for name in drop}
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         self._drop = frozenset(drop)
@@ -292,6 +297,7 @@ def create_app(
         yield
         await warming
         await proxy.prepared.close()
+        await proxy.prepared.hooks.close()
         await proxy.sessions.close()
         if proxy.litellm is not None:
             await proxy.litellm.close()

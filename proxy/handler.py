@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from .compactor import Compactor, Forward
-from .config import Config, NoRoute, Upstream
+from .compactor import SHADOW_HEADER, Compactor, Forward, shown_action
+from .config import Config, NoRoute, Policy, Upstream
 from .dialects import Dialect, Parsed, Usage
 from .errors import InvalidRequest, StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from .metrics import Metrics
@@ -32,6 +32,7 @@ from .upstream import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, rela
 log = logging.getLogger("compaction_proxy")
 
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+_SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
 
 
@@ -140,7 +141,10 @@ class Handler:
         if headers.get(self.config.sessions.header) or self.dialect.session_hint(headers, parsed):
             entries = await self.compactor.view(client_request)
             if entries is not None:
-                body, action = self.dialect.render(parsed, entries), "replayed"
+                action = "replayed"
+                # Under shadow mode the client's request is what goes upstream: count it.
+                if not client_request.shadow:
+                    body = self.dialect.render(parsed, entries)
         upstream = client_request.upstream
         path = str(self.dialect.count_path).removeprefix("/v1")
         send_headers = relayable(headers.items(), self.drop_headers)
@@ -149,7 +153,12 @@ class Handler:
         payload = await response.read(upstream.timeouts.stream_idle)
         response.release()
         self.metrics.requests.labels(f"{self.dialect.name}_count", str(response.status)).inc()
-        own = [("x-compaction-session", client_request.key), ("x-compaction-action", action)]
+        shadow = client_request.shadow
+        own = [
+            ("x-compaction-session", client_request.key),
+            ("x-compaction-action", shown_action(action, shadow=shadow)),
+            *([SHADOW_HEADER] if shadow else []),
+        ]
         return _response(payload, response.status, relayable(response.headers) + own)
 
     def client_request(
@@ -180,7 +189,21 @@ class Handler:
                 if name in self.carried and name not in self.drop_headers
             ),
             window=self.dialect.window(headers),
+            shadow=self._shadow(headers.get(sessions.shadow_header), policy),
         )
+
+    def _shadow(self, value: str | None, policy: Policy) -> bool:
+        """Shadow mode as the request's header asks (on or off), else as its policy says."""
+        if value is None:
+            return policy.shadow
+        shadow = _SHADOW_VALUES.get(value.strip().lower())
+        if shadow is None:
+            raise InvalidRequest(
+                f"the {self.config.sessions.shadow_header} header must be 1 (shadow mode: "
+                "compaction computed and reported, the request forwarded unchanged) or 0, "
+                f"not {value[:40]!r}"
+            )
+        return shadow
 
     def _headers(
         self, forward: Forward, response: UpstreamResponse, overhead: float
@@ -273,9 +296,13 @@ class Handler:
 
     def _count(self, forward: Forward, status: int) -> None:
         self.metrics.requests.labels(self.dialect.name, str(status)).inc()
-        self.metrics.actions.labels(forward.action).inc()
+        self.metrics.actions.labels(forward.applied).inc()
         self.metrics.tokens_before.observe(forward.tokens_before)
-        self.metrics.tokens_after.observe(forward.tokens_after)
+        self.metrics.tokens_after.observe(forward.tokens_sent)
+        if forward.shadow:
+            self.metrics.shadow_actions.labels(forward.action).inc()
+            saved = forward.tokens_before - forward.tokens_after
+            self.metrics.shadow_tokens_saved.inc(max(0, saved))
         log.info(
             "request forwarded",
             extra={
@@ -283,6 +310,7 @@ class Handler:
                 "session": forward.session_hash[:16],
                 "status": status,
                 "action": forward.action,
+                "shadow": forward.shadow,
                 "store": forward.store,
                 "tokens_before": forward.tokens_before,
                 "tokens_after": forward.tokens_after,

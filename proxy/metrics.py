@@ -127,6 +127,25 @@ class Metrics:
             ["scope"],
             registry=r,
         )
+        self.shadow_actions = Counter(
+            "compaction_proxy_shadow_actions",
+            "Requests under shadow mode (forwarded unchanged), by what the proxy would have"
+            " done to the conversation.",
+            ["action"],
+            registry=r,
+        )
+        self.shadow_tokens_saved = Counter(
+            "compaction_proxy_shadow_tokens_saved",
+            "Prompt tokens that shadow mode would have saved (proxy count, before - after).",
+            registry=r,
+        )
+        self.hook_calls = Counter(
+            "compaction_proxy_hook_calls",
+            "Compaction hook calls by hook (pre_compact, post_compact) and outcome (ok,"
+            " timeout, error, dropped: too many under way).",
+            ["hook", "outcome"],
+            registry=r,
+        )
 
         self.provider_compactions = Counter(
             "compaction_proxy_provider_compactions",

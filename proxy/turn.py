@@ -29,6 +29,8 @@ class ClientRequest:
     # anthropic-version), for this request's own summary only; never stored.
     credentials: tuple[tuple[str, str], ...]
     window: int | None = None  # the context window the request's own headers open
+    # Compaction is computed, stored and reported, but the client's bytes go upstream.
+    shadow: bool = False
 
     @functools.cached_property
     def key(self) -> str:

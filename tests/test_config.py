@@ -24,6 +24,7 @@ SECRETS = {
     "CP_TEST_ADMIN_TOKEN": "admin-token-9876",
     "CP_TEST_REDIS_PASSWORD": "redis-pass-5555",
     "CP_TEST_ITEMS_KEY": "items-key-0123456789abcdef0123456789",
+    "CP_TEST_HOOK_TOKEN": "hook-token-4321",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -45,6 +46,7 @@ store:
 sessions:
   header: X-Conversation
   policy_header: X-Policy
+  shadow_header: X-Shadow
 auth:
   keys:
     - {{id: team-a, sha256: {SHA}}}
@@ -94,6 +96,7 @@ policies:
       request_wait_seconds: 1.5
     cache_breakpoints: false
     provider_compaction: serve
+    shadow: true
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -110,6 +113,15 @@ admin:
   token: ${{CP_TEST_ADMIN_TOKEN}}
 compaction_items:
   signing_key: ${{CP_TEST_ITEMS_KEY}}
+hooks:
+  pre_compact:
+    url: http://127.0.0.1:9100/pre
+    timeout_seconds: 0.5
+    include_text: true
+    max_in_flight: 8
+  post_compact:
+    url: https://hooks.example.com/post
+    headers: {{Authorization: "Bearer ${{CP_TEST_HOOK_TOKEN}}"}}
 logging:
   level: debug
   format: text
@@ -160,6 +172,8 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert policy.provider_compaction == "serve"
     assert config.policies["cheap"].provider_compaction == "relay"
     assert config.compaction_items.signing_key == secrets["CP_TEST_ITEMS_KEY"]
+    assert policy.shadow and not config.policies["cheap"].shadow
+    assert config.sessions.shadow_header == "X-Shadow"
     assert policy.summarizer.request_wait_seconds == 1.5
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
@@ -175,6 +189,11 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert config.routes[0].dialects == ("chat",)
     assert config.admin.token == secrets["CP_TEST_ADMIN_TOKEN"]
     assert (config.logging.level, config.logging.format) == ("debug", "text")
+    pre, post = config.hooks.pre_compact, config.hooks.post_compact
+    assert pre is not None and post is not None
+    assert (pre.timeout_seconds, pre.include_text, pre.max_in_flight) == (0.5, True, 8)
+    assert (post.timeout_seconds, post.include_text, post.max_in_flight) == (1.0, False, 64)
+    assert post.headers == {"Authorization": f"Bearer {secrets['CP_TEST_HOOK_TOKEN']}"}
 
 
 def documented_keys() -> set[str]:
@@ -220,6 +239,8 @@ def test_every_setting_is_documented() -> None:
         config_module.Policy,
         config_module.Route,
         config_module.Admin,
+        config_module.Hooks,
+        config_module.Hook,
         config_module.Logging,
         config_module.Config,
     ]
@@ -300,6 +321,26 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "policies:\n  default:\n    target: 0.9\n",
             "policies.default (<config>, line 5): levels must satisfy 0 < target < compact_at",
+        ),
+        (
+            MINIMAL + "hooks:\n  pre_compact:\n    url: ftp://hooks/pre\n",
+            "hooks.pre_compact.url (<config>, line 6): must be an http:// or https:// URL",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', timeout_seconds: 0}\n",
+            "hooks.post_compact.timeout_seconds (<config>, line 5): must be positive",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', max_in_flight: 0}\n",
+            "hooks.post_compact.max_in_flight (<config>, line 5): must be at least 1",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', headers: {'a b': x}}\n",
+            "hooks.post_compact.headers.a b (<config>, line 5): must be a header name",
+        ),
+        (
+            MINIMAL + "hooks:\n  pre_compact: {timeout_seconds: 1}\n",
+            "hooks.pre_compact.url: is required",
         ),
         (
             MINIMAL + "routes:\n  - policy: nope\n",
@@ -420,6 +461,7 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     assert masked["admin"]["token"] == "***"
     assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"
+    assert masked["hooks"]["post_compact"]["headers"] == {"Authorization": "***"}
     text = orjson.dumps(masked).decode()
     for secret in secrets.values():
         assert secret not in text
