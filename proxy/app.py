@@ -31,8 +31,9 @@ from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .gate import Gate
 from .handler import Handler
 from .hooks import Hooks
+from .labels import ModelLabels
 from .limits import ModelLimits
-from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .metrics import CONTENT_TYPE_LATEST, UNROUTED, Metrics
 from .provider_compaction import COMPACT_PATH, ProviderCompaction
 from .requests import query_string, read_body
 from .sessions import Sessions
@@ -86,8 +87,9 @@ class Proxy:
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         self._drop = frozenset(drop)
+        models = ModelLabels(config, self.limits.catalog)
         self.handlers = [
-            Handler(d, config, self.tenants, self._drop, client, self.compactor, metrics)
+            Handler(d, config, self.tenants, self._drop, client, self.compactor, metrics, models)
             for d in DIALECTS
         ]
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
@@ -124,7 +126,8 @@ class Proxy:
         response = await self.client.open(
             upstream, request.method, path, query_string(request), headers, body or None
         )
-        self.metrics.requests.labels("passthrough", str(response.status)).inc()
+        routed = UNROUTED._replace(upstream=upstream.name)
+        self.metrics.answered("passthrough", response.status, routed)
 
         def on_end(head: bytes, tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
@@ -177,7 +180,7 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
         try:
             return await endpoint(request)
         except APIError as exc:
-            metrics.requests.labels("error", str(exc.status_code)).inc()
+            metrics.refused("error", exc)
             # The proxy's own words only (never a message's text, never a credential).
             log.log(
                 logging.WARNING if exc.status_code >= 500 else logging.INFO,
@@ -193,11 +196,12 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
         except ClientDisconnect:
             return client_gone(metrics)
         except StreamBroken:
-            metrics.requests.labels("error", "502").inc()
-            return dialect.error_response(UpstreamUnreachable("the upstream broke off its answer"))
+            broken = UpstreamUnreachable("the upstream broke off its answer")
+            metrics.refused("error", broken)
+            return dialect.error_response(broken)
         except Exception as exc:
             log.exception("unexpected error", extra={"error": type(exc).__name__})
-            metrics.requests.labels("error", "500").inc()
+            metrics.answered("error", 500)
             return dialect.error_response(APIError("The proxy failed to handle this request."))
 
     return guarded_endpoint
@@ -206,7 +210,7 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
 def client_gone(metrics: Metrics) -> Response:
     """The answer to a client that went away: nobody reads it, the metrics count it (as
     nginx does, 499)."""
-    metrics.requests.labels("error", "499").inc()
+    metrics.answered("error", 499)
     return Response(status_code=499)
 
 

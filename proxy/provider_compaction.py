@@ -38,7 +38,7 @@ from .dialects.responses_items import item_type
 from .errors import InvalidRequest, SummaryFailed
 from .handler import SSE_HEADERS, Handler
 from .limits import ModelLimits
-from .metrics import Metrics
+from .metrics import Metrics, RequestLabels
 from .requests import read_body
 from .summarizer import Summarizers
 from .tenants import Tenants
@@ -184,7 +184,8 @@ class ProviderCompaction:
             summary = Summary(text, "digest")
         content = self.seal.seal(read.tenant, summary)
         item = {"id": _new_id("cmp"), "type": "compaction", "encrypted_content": content}
-        return _Served(item, summary.kind, tokens, counter.text(summary.shown))
+        labels = self.handler.labels(client_request)
+        return _Served(item, summary.kind, tokens, counter.text(summary.shown), labels)
 
     def _triggered(self, body: dict[str, Any], served: _Served) -> Response:
         """The answer to a `compaction_trigger`: a completed response whose one output item is
@@ -234,7 +235,7 @@ class ProviderCompaction:
         )
 
     def _count(self, via: str, served: _Served) -> None:
-        self.metrics.requests.labels("provider_compaction", "200").inc()
+        self.metrics.answered("provider_compaction", 200, served.labels)
         self.metrics.provider_compactions.labels(via, served.kind).inc()
         log.info(
             "provider compaction served",
@@ -263,6 +264,7 @@ class _Served:
     kind: str
     input_tokens: int
     output_tokens: int
+    labels: RequestLabels  # those of the request's metrics
 
     @property
     def usage(self) -> dict[str, Any]:
