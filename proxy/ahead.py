@@ -24,7 +24,9 @@ from collections.abc import Coroutine
 
 import policies
 
+from .config import Hooks as HooksSettings
 from .errors import SummaryPending
+from .hooks import Hooks
 from .metrics import Metrics
 from .sessions import Sessions
 from .state import Prepared, SessionState
@@ -36,11 +38,16 @@ log = logging.getLogger("compaction_proxy")
 
 class PreparedSummaries:
     def __init__(
-        self, sessions: Sessions, summarizers: SummarizerFactory, metrics: Metrics
+        self,
+        sessions: Sessions,
+        summarizers: SummarizerFactory,
+        metrics: Metrics,
+        hooks: Hooks | None = None,
     ) -> None:
         self.sessions = sessions
         self.summarizers = summarizers
         self.metrics = metrics
+        self.hooks = hooks or Hooks(HooksSettings(), metrics)  # none configured
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -70,9 +77,14 @@ class PreparedSummaries:
     def bounded(self, turn: Turn) -> Bounded | None:
         """The request's summarizer, as long as the request may wait for it (None: the
         mechanical digest stands in for summaries)."""
-        llm = self.summarizers.for_request(turn.request)
+        llm = self._llm(turn, ahead=False)
         wait = turn.request.policy.summarizer.request_wait_seconds
         return None if llm is None else Bounded(llm, wait)
+
+    def _llm(self, turn: Turn, *, ahead: bool) -> policies.Summarizer | None:
+        """The request's summarizer, asking the pre_compact hook before each summary."""
+        llm = self.summarizers.for_request(turn.request)
+        return None if llm is None else self.hooks.summarizer(turn, llm, ahead=ahead)
 
     def summarizer(
         self, turn: Turn, llm: policies.Summarizer | None, *, use_prepared: bool
@@ -109,8 +121,12 @@ class PreparedSummaries:
             result = await turn.compact(
                 summarizer, instructions=instructions or None, target_tokens=target
             )
-            if not result.degraded and result.fits:
-                await self._replace(turn, plan, result.plan)
+            if not result.degraded and result.fits and await self._replace(turn, plan, result):
+                reactive = target is not None
+                tokens = turn.tokens_before
+                self.hooks.compacted(
+                    turn, result, action="settled", tokens_before=tokens, reactive=reactive
+                )
 
         self._spawn(settling(), f"settle:{turn.request.key}")
 
@@ -120,23 +136,26 @@ class PreparedSummaries:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _replace(self, turn: Turn, plan: policies.Plan, settled: policies.Plan) -> None:
-        """`settled` in the place of `plan`, while the session's branch still holds it."""
+    async def _replace(self, turn: Turn, plan: policies.Plan, settled: policies.Compaction) -> bool:
+        """`settled`'s plan in the place of `plan`, while the session's branch still holds it;
+        whether it took its place."""
 
         def apply(state: SessionState) -> SessionState:
             branch = state.branch(turn.chain)
             if branch is None or branch.plan != plan:
                 return state  # compacted again meanwhile: that plan rolled the digest in
-            new = dataclasses.replace(branch, plan=settled)
+            new = dataclasses.replace(branch, plan=settled.plan)
             branches = tuple(new if b is branch else b for b in state.branches)
             return dataclasses.replace(state, branches=branches)
 
-        if await self.sessions.update(turn.request.key, apply):
-            self.metrics.compaction_summaries.labels("settled").inc()
+        if not await self.sessions.update(turn.request.key, apply):
+            return False
+        self.metrics.compaction_summaries.labels("settled").inc()
+        return True
 
     async def _prepare(self, turn: Turn, tokens: int) -> None:
         request = turn.request
-        llm = self.summarizers.for_request(request)
+        llm = self._llm(turn, ahead=True)
         if llm is None:
             return  # nothing to prepare: the digest is made on the request path
         ttl = lock_seconds(request.policy)

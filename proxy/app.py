@@ -27,12 +27,16 @@ from .compactor import Compactor
 from .config import Config
 from .dialects import DIALECTS, Dialect
 from .dialects.chat import Chat
+from .dialects.responses import Responses
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
 from .exact_count import ExactCounts
 from .gate import Gate
 from .handler import Handler
+from .hooks import Hooks
+from .labels import ModelLabels
 from .limits import ModelLimits
-from .metrics import CONTENT_TYPE_LATEST, Metrics
+from .metrics import CONTENT_TYPE_LATEST, UNROUTED, Metrics
+from .provider_compaction import COMPACT_PATH, ProviderCompaction
 from .requests import query_string, read_body
 from .sessions import Sessions
 from .store import SessionStore, open_store
@@ -67,8 +71,9 @@ class Proxy:
         self.limits = ModelLimits(config)
         self.cache = CacheLedger()  # prompt-cache figures not yet written, for both Sessions
         self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open, cache=self.cache)
+        summarizers = Summarizers(config, client, self.limits, metrics)
         self.prepared = PreparedSummaries(
-            self.sessions, Summarizers(config, client, self.limits, metrics), metrics
+            self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
         )
         self.calibration = Calibration()
         self.compactor = Compactor(
@@ -80,17 +85,24 @@ class Proxy:
             exact_counts=ExactCounts(client, self.calibration, metrics),
         )
         # The proxy's own headers stop here.
-        drop = {config.sessions.header.lower(), config.sessions.policy_header.lower()}
+        sessions = config.sessions
+        drop = {sessions.header, sessions.policy_header, sessions.shadow_header}
+        drop = {name.lower() for name in drop}
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         self._drop = frozenset(drop)
+        models = ModelLabels(config, self.limits.catalog)
         self.handlers = [
-            Handler(d, config, self.tenants, self._drop, client, self.compactor, metrics)
+            Handler(d, config, self.tenants, self._drop, client, self.compactor, metrics, models)
             for d in DIALECTS
         ]
         defaults = (config.default_upstream_for(d.name) for d in DIALECTS)
         self._passthrough = config.upstreams[next(n for n in defaults if n)]
         self.litellm = litellm_transport.register(client, config)
+        responses = next(h for h in self.handlers if isinstance(h.dialect, Responses))
+        self.provider_compaction = ProviderCompaction(
+            config, self.tenants, responses, self.passthrough, summarizers, self.limits, metrics
+        )
         messages = config.default_upstream_for("messages")
         anthropic = config.upstreams.get(messages or "")
         self._anthropic = (
@@ -118,7 +130,8 @@ class Proxy:
         response = await self.client.open(
             upstream, request.method, path, query_string(request), headers, body or None
         )
-        self.metrics.requests.labels("passthrough", str(response.status)).inc()
+        routed = UNROUTED._replace(upstream=upstream.name)
+        self.metrics.answered("passthrough", response.status, routed)
 
         def on_end(head: bytes, tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
@@ -171,7 +184,7 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
         try:
             return await endpoint(request)
         except APIError as exc:
-            metrics.requests.labels("error", str(exc.status_code)).inc()
+            metrics.refused("error", exc)
             # The proxy's own words only (never a message's text, never a credential).
             log.log(
                 logging.WARNING if exc.status_code >= 500 else logging.INFO,
@@ -187,11 +200,12 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
         except ClientDisconnect:
             return client_gone(metrics)
         except StreamBroken:
-            metrics.requests.labels("error", "502").inc()
-            return dialect.error_response(UpstreamUnreachable("the upstream broke off its answer"))
+            broken = UpstreamUnreachable("the upstream broke off its answer")
+            metrics.refused("error", broken)
+            return dialect.error_response(broken)
         except Exception as exc:
             log.exception("unexpected error", extra={"error": type(exc).__name__})
-            metrics.requests.labels("error", "500").inc()
+            metrics.answered("error", 500)
             return dialect.error_response(APIError("The proxy failed to handle this request."))
 
     return guarded_endpoint
@@ -200,7 +214,7 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
 def client_gone(metrics: Metrics) -> Response:
     """The answer to a client that went away: nobody reads it, the metrics count it (as
     nginx does, 499)."""
-    metrics.requests.labels("error", "499").inc()
+    metrics.answered("error", 499)
     return Response(status_code=499)
 
 
@@ -291,6 +305,7 @@ def create_app(
         yield
         await warming
         await proxy.prepared.close()
+        await proxy.prepared.hooks.close()
         await proxy.sessions.close()
         if proxy.litellm is not None:
             await proxy.litellm.close()
@@ -304,8 +319,17 @@ def create_app(
     ) -> Route:
         return Route(path, _Endpoint(guarded(endpoint, metrics, dialect), metrics), methods=methods)
 
+    provider_compaction = proxy.provider_compaction
+    responses = provider_compaction.dialect
     routes: list[BaseRoute] = [
-        *(route(h.dialect.path, h, ["POST"], h.dialect) for h in proxy.handlers),
+        *(
+            route(h.dialect.path, h, ["POST"], h.dialect)
+            for h in proxy.handlers
+            if h.dialect is not responses
+        ),
+        # The Responses API's path goes through provider compaction first.
+        route(responses.path, provider_compaction.responses, ["POST"], responses),
+        route(COMPACT_PATH, provider_compaction.compact, ["POST"], responses),
         *(
             route(h.dialect.count_path, h.count_tokens, ["POST"], h.dialect)
             for h in proxy.handlers

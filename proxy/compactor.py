@@ -49,11 +49,24 @@ class Forward:
     window_source: str = (
         "config"  # where the model's window came from: config | model-map | default
     )
+    # Shadow mode: the action and tokens are what the proxy would have done and sent; the
+    # body is the client's own.
+    shadow: bool = False
+
+    @property
+    def applied(self) -> str:
+        """What was done to the request that went upstream."""
+        return "none" if self.shadow else self.action
+
+    @property
+    def tokens_sent(self) -> int:
+        """Tokens of what went upstream (proxy count)."""
+        return self.tokens_before if self.shadow else self.tokens_after
 
     def headers(self) -> list[tuple[str, str]]:
         headers = [
             ("x-compaction-session", self.session_hash),
-            ("x-compaction-action", self.action),
+            ("x-compaction-action", shown_action(self.action, shadow=self.shadow)),
             ("x-compaction-store", self.store),
             ("x-compaction-tokens-before", str(self.tokens_before)),
             ("x-compaction-tokens-after", str(self.tokens_after)),
@@ -61,7 +74,18 @@ class Forward:
         ]
         if not self.anchors_complete:
             headers.append(("x-compaction-anchors", "truncated"))
+        if self.shadow:
+            headers.append(SHADOW_HEADER)
         return headers
+
+
+SHADOW_HEADER = ("x-compaction-shadow", "true")
+
+
+def shown_action(action: str, *, shadow: bool) -> str:
+    """The action as headers name it: under shadow mode a would-be action (`shadow-compacted`),
+    which no client can take for one done."""
+    return f"shadow-{action}" if shadow else action
 
 
 class Compactor:
@@ -103,9 +127,10 @@ class Compactor:
         unchanged: Forward | None = None
         if pending is None and self.exact_counts and self.exact_counts.wanted(turn, tokens):
             # Near the compaction level the estimate may be wrong either way: the upstream
-            # counts the request as it would go, and the decision is made by its count.
+            # counts the request as it would go (the client's own under shadow mode), and
+            # the decision is made by its count's ratio to the proxy's.
             unchanged = self._unchanged(turn, entries, tokens_before, tokens)
-            ratio = await self.exact_counts.ratio(turn, unchanged.body, tokens)
+            ratio = await self.exact_counts.ratio(turn, unchanged.body, unchanged.tokens_sent)
             if ratio is not None:
                 turn.budget = self._budget(turn.request, turn.limits, ratio)
                 status = turn.budget.status(tokens)
@@ -130,7 +155,7 @@ class Compactor:
     def calibrate(self, request: ClientRequest, forward: Forward, upstream_tokens: int) -> None:
         """The upstream counted `upstream_tokens` for what was forwarded: learn from it."""
         exact = self.limits.limits(request.parsed.model).counter.mode == "exact"
-        self.calibration.observe(request.key, upstream_tokens, forward.tokens_after, exact=exact)
+        self.calibration.observe(request.key, upstream_tokens, forward.tokens_sent, exact=exact)
 
     def count_cache(self, request: ClientRequest, usage: Usage) -> None:
         """What the upstream's prompt cache read and wrote for the request: kept with the
@@ -191,7 +216,7 @@ class Compactor:
         marks = request.policy.cache_breakpoints and request.dialect.marks_cache
         if entries is None and marks:
             entries = list(enumerate(request.messages))
-        if entries is None:
+        if entries is None or request.shadow:
             body = request.parsed.raw
         else:
             body = request.dialect.render(request.parsed, entries, marks)
@@ -204,8 +229,11 @@ class Compactor:
             tokens_after,
             result.decisions if result else (),
             anchors_complete=plan is None or not plan.anchors_truncated,
+            # Under shadow mode an overflow is the client's request's own: relayed as it is.
+            can_retry=not request.shadow,
             reserved_output=turn.budget.reserved_output,
             window_source=turn.limits.window_source,
+            shadow=request.shadow,
         )
 
     async def _compact(
@@ -266,6 +294,9 @@ class Compactor:
                 llm.drop()
         self._count_summary(result, llm)
         action = "degraded" if result.degraded else "compacted"
+        self.prepared.hooks.compacted(
+            turn, result, action=action, tokens_before=tokens_before, reactive=target is not None
+        )
         entries = policies.render_entries(
             request.messages, result.plan, summary_role=request.policy.compaction.summary_role
         )
@@ -317,7 +348,7 @@ class Compactor:
         ]
         branch = Branch(new, turn.chain.prefix(new.covered), time.time())
         calibration = self.calibration.ratio(request.key)
-        decisions = [decision_record(d) for d in result.decisions]
+        decisions = [decision_record(d, shadow=request.shadow) for d in result.decisions]
         candidates = memory_candidates(evicted)
 
         def apply(state: SessionState) -> SessionState:

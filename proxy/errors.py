@@ -6,6 +6,7 @@
     ├── StreamBroken          an upstream stopped sending in the middle of a body
     ├── SummaryFailed         the summarizer gave no usable summary
     │   └── SummaryPending        not within the request's wait: finished in the background
+    ├── HookFailed            a compaction hook's call failed: left out (proxy.hooks)
     ├── RecordingError        a recorded file cannot be read (proxy.recordings)
     │   └── ReplayError           a recorded request cannot be replayed (proxy.replay)
     ├── ChartError            a replay's chart cannot be drawn (proxy.chart)
@@ -48,6 +49,11 @@ class SummaryFailed(ProxyError):
 class SummaryPending(SummaryFailed):
     """The summary was not ready within the time a request waits for it; it is finished in
     the background and takes the digest's place from the next turn."""
+
+
+class HookFailed(ProxyError):
+    """A compaction hook answered with an error status or an answer it may not give; the
+    compaction goes on without it."""
 
 
 class APIError(ProxyError):

@@ -62,10 +62,10 @@ class Gate:
             await self._app(scope, receive, send)
             return
         if len(self._running) >= self.limit:
-            self.metrics.requests.labels("overloaded", "429").inc()
             refusal = Overloaded(
                 f"The proxy is handling {self.limit} requests, its limit; retry shortly."
             )
+            self.metrics.refused("overloaded", refusal)
             await self._answer(scope, receive, send, refusal, RETRY_AFTER_SECONDS)
             return
         task = asyncio.current_task()
@@ -86,8 +86,9 @@ class Gate:
                 raise
             task.uncancel()  # ended by the gate, not by the server: answer if still possible
             if not started:
-                self.metrics.requests.labels("error", "503").inc()
-                await self._answer(scope, receive, send, ShuttingDown("The proxy shut down."))
+                ended = ShuttingDown("The proxy shut down.")
+                self.metrics.refused("error", ended)
+                await self._answer(scope, receive, send, ended)
         finally:
             self._running.discard(task)
             self._ended.discard(task)

@@ -17,11 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from .compactor import Compactor, Forward
-from .config import Config, NoRoute, Upstream
+from .compactor import SHADOW_HEADER, Compactor, Forward, shown_action
+from .config import Config, NoRoute, Policy, Upstream
 from .dialects import Dialect, Parsed, Usage
 from .errors import InvalidRequest, StreamBroken, UpstreamTimeout, UpstreamUnreachable
-from .metrics import Metrics
+from .labels import ModelLabels
+from .metrics import Metrics, RequestLabels
 from .requests import query_string, read_body
 from .sessions import session_id
 from .streaming import Relay
@@ -32,6 +33,7 @@ from .upstream import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, rela
 log = logging.getLogger("compaction_proxy")
 
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+_SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
 
 
@@ -47,6 +49,7 @@ class Handler:
         client: UpstreamClient,
         compactor: Compactor,
         metrics: Metrics,
+        models: ModelLabels,
     ) -> None:
         self.dialect = dialect
         self.config = config
@@ -54,6 +57,7 @@ class Handler:
         self.client = client
         self.compactor = compactor
         self.metrics = metrics
+        self.models = models
         # The upstream is asked for an identity body so that `usage` can be read on the way
         # while the bytes are relayed unchanged.
         self.drop_headers = own_headers | {"accept-encoding"}
@@ -66,11 +70,12 @@ class Handler:
         tenant = self.tenants.tenant(headers)
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
-        client_request = self._client_request(headers, tenant, parsed)
+        client_request = self.client_request(headers, tenant, parsed)
         upstream = client_request.upstream
+        labels = self.labels(client_request)
         forward = await self.compactor.prepare(client_request)
         if parsed.opaque_reason is not None:
-            self.metrics.held_upstream.labels(self.dialect.name, parsed.opaque_reason).inc()
+            self.metrics.held_upstream.labels(*labels, parsed.opaque_reason).inc()
             log.debug(
                 "history held upstream: forwarded unchanged",
                 extra={"api": self.dialect.name, "reason": parsed.opaque_reason},
@@ -79,7 +84,7 @@ class Handler:
         query = query_string(request)
         path = self.dialect.upstream_path
         overhead = time.perf_counter() - started
-        self.metrics.overhead.observe(overhead)
+        self.metrics.overhead.labels(*labels).observe(overhead)
 
         def send(forward: Forward) -> Awaitable[UpstreamResponse]:
             return self.client.open(
@@ -111,10 +116,11 @@ class Handler:
             # before any byte has gone to the client.
             response.close()
             head = b""
+            self.metrics.upstream_retries.labels(upstream.name, "overflow").inc()
             forward = await self.compactor.retry_harder(client_request, forward)
             response = await send(forward)
             chunks = response.chunks(idle)
-        self.metrics.upstream_latency.observe(time.perf_counter() - sent)
+        self.metrics.upstream_latency.labels(*labels).observe(time.perf_counter() - sent)
 
         if parsed.stream and response.status == 200:
             relayed = _after(head, chunks) if head else chunks
@@ -122,7 +128,7 @@ class Handler:
         try:
             payload = await response.read(idle)
         except StreamBroken as exc:
-            self.metrics.upstream_errors.labels("broken_body").inc()
+            self.metrics.upstream_errors.labels(upstream.name, "broken_body").inc()
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         return self._finish(client_request, forward, response, payload, overhead)
 
@@ -134,12 +140,15 @@ class Handler:
         tenant = self.tenants.tenant(headers)
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
-        client_request = self._client_request(headers, tenant, parsed)
+        client_request = self.client_request(headers, tenant, parsed)
         body, action = raw, "none"
         if headers.get(self.config.sessions.header) or self.dialect.session_hint(headers, parsed):
             entries = await self.compactor.view(client_request)
             if entries is not None:
-                body, action = self.dialect.render(parsed, entries), "replayed"
+                action = "replayed"
+                # Under shadow mode the client's request is what goes upstream: count it.
+                if not client_request.shadow:
+                    body = self.dialect.render(parsed, entries)
         upstream = client_request.upstream
         path = str(self.dialect.count_path).removeprefix("/v1")
         query = query_string(request)
@@ -147,11 +156,17 @@ class Handler:
         response = await self.client.open(upstream, "POST", path, query, send_headers, body)
         payload = await response.read(upstream.timeouts.stream_idle)
         response.release()
-        self.metrics.requests.labels(f"{self.dialect.name}_count", str(response.status)).inc()
-        own = [("x-compaction-session", client_request.key), ("x-compaction-action", action)]
+        route = f"{self.dialect.name}_count"
+        self.metrics.answered(route, response.status, self.labels(client_request))
+        shadow = client_request.shadow
+        own = [
+            ("x-compaction-session", client_request.key),
+            ("x-compaction-action", shown_action(action, shadow=shadow)),
+            *([SHADOW_HEADER] if shadow else []),
+        ]
         return _response(payload, response.status, relayable(response.headers) + own)
 
-    def _client_request(
+    def client_request(
         self, headers: Mapping[str, str], tenant: str, parsed: Parsed
     ) -> ClientRequest:
         """The request routed, with its session and what its own summary call may carry."""
@@ -180,7 +195,26 @@ class Handler:
             ),
             window=self.dialect.window(headers),
             headers=tuple(relayable(headers.items(), self.drop_headers)),
+            shadow=self._shadow(headers.get(sessions.shadow_header), policy),
         )
+
+    def _shadow(self, value: str | None, policy: Policy) -> bool:
+        """Shadow mode as the request's header asks (on or off), else as its policy says."""
+        if value is None:
+            return policy.shadow
+        shadow = _SHADOW_VALUES.get(value.strip().lower())
+        if shadow is None:
+            raise InvalidRequest(
+                f"the {self.config.sessions.shadow_header} header must be 1 (shadow mode: "
+                "compaction computed and reported, the request forwarded unchanged) or 0, "
+                f"not {value[:40]!r}"
+            )
+        return shadow
+
+    def labels(self, request: ClientRequest) -> RequestLabels:
+        """The labels of the request's metrics."""
+        model = self.models.label(request.parsed.model, request.upstream)
+        return RequestLabels(self.dialect.name, request.policy.name, request.upstream.name, model)
 
     def _headers(
         self, forward: Forward, response: UpstreamResponse, overhead: float
@@ -201,7 +235,7 @@ class Handler:
         response.release()
         if response.status == 200:
             self._calibrate(request, forward, self.dialect.usage(payload))
-        self._count(forward, response.status)
+        self._count(request, forward, response.status)
         return _response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
@@ -221,7 +255,7 @@ class Handler:
                     verdict = self.dialect.stream_overflow(head)
         except TimeoutError:
             response.close()
-            self.metrics.upstream_timeouts.labels("first_byte").inc()
+            self.metrics.upstream_timeouts.labels(upstream.name, "first_byte").inc()
             raise UpstreamTimeout(
                 f"upstream {upstream.name!r} sent no events within "
                 f"{upstream.timeouts.first_byte:g} s"
@@ -249,12 +283,12 @@ class Handler:
         def on_end(head: bytes, tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
             if outcome == "upstream_broken":
-                self.metrics.upstream_errors.labels("broken_stream").inc()
+                self.metrics.upstream_errors.labels(request.upstream.name, "broken_stream").inc()
             if want_usage and outcome == "complete":
                 usage = self.dialect.stream_start_usage(head) or self.dialect.stream_usage(tail)
                 self._calibrate(request, forward, usage)
 
-        self._count(forward, response.status)
+        self._count(request, forward, response.status)
         return Relay(response.status, headers, chunks, on_end)
 
     def _calibrate(self, request: ClientRequest, forward: Forward, usage: Usage | None) -> None:
@@ -265,18 +299,22 @@ class Handler:
         self.compactor.count_cache(request, usage)
         if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
             self.compactor.calibrate(request, forward, usage.prompt_tokens)
-        dialect = self.dialect.name
-        self.metrics.upstream_prompt_tokens.labels(dialect).inc(usage.prompt_tokens)
-        if usage.cached_tokens:
-            self.metrics.cached_prompt_tokens.labels(dialect).inc(usage.cached_tokens)
-        if usage.cache_creation_tokens:
-            self.metrics.cache_creation_tokens.labels(dialect).inc(usage.cache_creation_tokens)
+        labels = self.labels(request)
+        self.metrics.upstream_prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
+        # Counted where the usage reports them, a cache that missed as 0: a share of 0, not none.
+        if usage.cached_tokens is not None:
+            self.metrics.cached_prompt_tokens.labels(*labels).inc(usage.cached_tokens)
+        if usage.cache_creation_tokens is not None:
+            self.metrics.cache_creation_tokens.labels(*labels).inc(usage.cache_creation_tokens)
 
-    def _count(self, forward: Forward, status: int) -> None:
-        self.metrics.requests.labels(self.dialect.name, str(status)).inc()
-        self.metrics.actions.labels(forward.action).inc()
-        self.metrics.tokens_before.observe(forward.tokens_before)
-        self.metrics.tokens_after.observe(forward.tokens_after)
+    def _count(self, request: ClientRequest, forward: Forward, status: int) -> None:
+        labels = self.labels(request)
+        self.metrics.answered(labels.dialect, status, labels)
+        self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
+        if forward.shadow:
+            self.metrics.shadow_actions.labels(forward.action).inc()
+            saved = forward.tokens_before - forward.tokens_after
+            self.metrics.shadow_tokens_saved.inc(max(0, saved))
         log.info(
             "request forwarded",
             extra={
@@ -284,6 +322,7 @@ class Handler:
                 "session": forward.session_hash[:16],
                 "status": status,
                 "action": forward.action,
+                "shadow": forward.shadow,
                 "store": forward.store,
                 "tokens_before": forward.tokens_before,
                 "tokens_after": forward.tokens_after,

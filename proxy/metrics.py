@@ -1,15 +1,42 @@
-"""Prometheus metrics, one registry per app so that several apps can live in one process."""
+"""Prometheus metrics, one registry per app so that several apps can live in one process.
+
+Every metric of a routed request carries the same labels (`RequestLabels`), each of a bounded
+set of values: the API, the config's policy and upstream names, and the model as
+`proxy.labels.ModelLabels` names it (names clients make up collapse into one value).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+from .errors import APIError
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "RequestLabels"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = tuple(2**i for i in range(8, 22))
+
+
+class RequestLabels(NamedTuple):
+    """The labels of every metric of a routed request, in this order before its own."""
+
+    dialect: str  # the API: chat, responses, messages
+    policy: str  # the route's policy, by its name in the config
+    upstream: str  # the upstream, by its name in the config
+    model: str  # proxy.labels.ModelLabels: a known model's name, else "other"
+
+
+REQUEST_LABELS = list(RequestLabels._fields)
+# A request answered before it was routed (refused, or not of any API): no policy, upstream
+# or model (a passthrough has its upstream).
+UNROUTED = RequestLabels("", "", "", "")
 
 
 class Metrics:
@@ -18,38 +45,57 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "compaction_proxy_requests",
-            "Requests handled, by route kind and status code.",
-            ["route", "status"],
+            "Requests handled, by route kind and status code, and the policy, upstream and model"
+            " of those routed (empty for the others).",
+            ["route", "status", "policy", "upstream", "model"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "compaction_proxy_refusals",
+            "Requests the proxy refused or failed itself (not the upstream's errors), by status"
+            " and reason: the error's code, else its type.",
+            ["status", "reason"],
             registry=r,
         )
         self.actions = Counter(
             "compaction_proxy_compaction_actions",
-            "Chat completions by what the proxy did to the conversation.",
-            ["action"],
+            "Requests by what the proxy did to the conversation.",
+            [*REQUEST_LABELS, "action"],
             registry=r,
         )
         self.upstream_latency = Histogram(
             "compaction_proxy_upstream_first_byte_seconds",
             "Time from sending upstream to the upstream's response head.",
+            REQUEST_LABELS,
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.overhead = Histogram(
             "compaction_proxy_overhead_seconds",
-            "Time the proxy spent on a chat request before forwarding it.",
+            "Time the proxy spent on a request before forwarding it.",
+            REQUEST_LABELS,
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
         self.tokens_before = Histogram(
             "compaction_proxy_tokens_before",
-            "Prompt tokens of incoming chat requests (proxy count).",
+            "Prompt tokens of incoming requests (proxy count).",
+            REQUEST_LABELS,
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
         self.tokens_after = Histogram(
             "compaction_proxy_tokens_after",
             "Prompt tokens forwarded upstream (proxy count).",
+            REQUEST_LABELS,
             buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tokens_saved = Counter(
+            "compaction_proxy_tokens_saved",
+            "Prompt tokens received minus those forwarded upstream (proxy count; a request"
+            " forwarded larger than it came counts 0).",
+            REQUEST_LABELS,
             registry=r,
         )
         self.store_errors = Counter(
@@ -60,26 +106,26 @@ class Metrics:
         )
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors",
-            "Upstream failures seen by the proxy.",
-            ["kind"],
+            "Upstream failures seen by the proxy: unreachable, or an answer broken off.",
+            ["upstream", "kind"],
             registry=r,
         )
         self.upstream_prompt_tokens = Counter(
             "compaction_proxy_upstream_prompt_tokens",
             "Prompt tokens of forwarded requests as the upstream counted them (its usage).",
-            ["dialect"],
+            REQUEST_LABELS,
             registry=r,
         )
         self.cached_prompt_tokens = Counter(
             "compaction_proxy_cached_prompt_tokens",
             "Of those, the tokens the upstream served from its prompt cache (its usage).",
-            ["dialect"],
+            REQUEST_LABELS,
             registry=r,
         )
         self.cache_creation_tokens = Counter(
             "compaction_proxy_cache_creation_tokens",
             "Of those, the tokens the upstream wrote to its prompt cache (Anthropic's usage).",
-            ["dialect"],
+            REQUEST_LABELS,
             registry=r,
         )
         self.exact_counts = Counter(
@@ -94,19 +140,20 @@ class Metrics:
             "compaction_proxy_held_upstream",
             "Requests forwarded unchanged because their history is held upstream, by reason "
             "(previous_response_id, conversation).",
-            ["dialect", "reason"],
+            [*REQUEST_LABELS, "reason"],
             registry=r,
         )
         self.upstream_retries = Counter(
             "compaction_proxy_upstream_retries",
-            "Upstream requests tried again before any byte reached the client, by reason.",
-            ["reason"],
+            "Upstream requests tried again, by reason: before any byte reached the client, or"
+            " compacted harder after the upstream said the prompt is too long (overflow).",
+            ["upstream", "reason"],
             registry=r,
         )
         self.upstream_timeouts = Counter(
             "compaction_proxy_upstream_timeouts",
             "Upstream requests that timed out, by the phase that took too long.",
-            ["phase"],
+            ["upstream", "phase"],
             registry=r,
         )
         self.in_flight = Gauge(
@@ -135,6 +182,76 @@ class Metrics:
             ["scope"],
             registry=r,
         )
+        self.shadow_actions = Counter(
+            "compaction_proxy_shadow_actions",
+            "Requests under shadow mode (forwarded unchanged), by what the proxy would have"
+            " done to the conversation.",
+            ["action"],
+            registry=r,
+        )
+        self.shadow_tokens_saved = Counter(
+            "compaction_proxy_shadow_tokens_saved",
+            "Prompt tokens that shadow mode would have saved (proxy count, before - after).",
+            registry=r,
+        )
+        self.hook_calls = Counter(
+            "compaction_proxy_hook_calls",
+            "Compaction hook calls by hook (pre_compact, post_compact) and outcome (ok,"
+            " timeout, error, dropped: too many under way).",
+            ["hook", "outcome"],
+            registry=r,
+        )
+
+        self.provider_compactions = Counter(
+            "compaction_proxy_provider_compactions",
+            "Provider compactions of the Responses API the proxy served itself (policy"
+            " provider_compaction: serve), by how they were asked (compact: the compact"
+            " endpoint, trigger: a compaction_trigger item) and what stands for the history"
+            " (llm, digest: the summarizer failed).",
+            ["via", "summary"],
+            registry=r,
+        )
+        self.compaction_items_expanded = Counter(
+            "compaction_proxy_compaction_items_expanded",
+            "The proxy's own compaction items expanded into their summary before forwarding.",
+            registry=r,
+        )
+
+    def answered(self, route: str, status: int, routed: RequestLabels = UNROUTED) -> None:
+        """One request answered, with the policy, upstream and model it was routed to."""
+        self.requests.labels(route, str(status), routed.policy, routed.upstream, routed.model).inc()
+
+    def forwarded(
+        self, labels: RequestLabels, action: str, tokens_before: int, tokens_after: int
+    ) -> None:
+        """What the proxy did to a request it forwarded, and the prompt tokens it saved."""
+        self.actions.labels(*labels, action).inc()
+        self.tokens_before.labels(*labels).observe(tokens_before)
+        self.tokens_after.labels(*labels).observe(tokens_after)
+        self.tokens_saved.labels(*labels).inc(max(0, tokens_before - tokens_after))
+
+    def refused(self, route: str, error: APIError) -> None:
+        """A request answered with an error of the proxy's own, and why: the error's code (one
+        of the proxy's: a provider's error through litellm is relayed as the upstream's,
+        never raised), else its type."""
+        self.answered(route, error.status_code)
+        self.refusals.labels(str(error.status_code), error.code or error.error_type).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated(Collector):
+    """A registry's metrics without the `_created` series prometheus_client adds to counters
+    and histograms: one more series each that no query uses. prometheus_client can only turn
+    them off for the whole process (`disable_created_metrics`); this leaves other registries
+    as they are."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self.registry.collect():  # made anew at each collection: ours to change
+            created = metric.name + "_created"
+            metric.samples = [s for s in metric.samples if s.name != created]
+            yield metric

@@ -44,15 +44,22 @@ class ModelCatalog:
 
     def lookup(self, model: str) -> ModelInfo:
         """The model as given, then without provider prefixes, then a snapshot's base name."""
-        return self._memo(model)
+        found = self._memo(model)
+        return found[1] if found else UNKNOWN
 
-    def _resolve(self, model: str) -> ModelInfo:
+    def name(self, model: str) -> str | None:
+        """The name the map knows `model` by (found as `lookup` finds it), None when it does
+        not know it: one of the map's own names, whatever a client sent."""
+        found = self._memo(model)
+        return found[0] if found else None
+
+    def _resolve(self, model: str) -> tuple[str, ModelInfo] | None:
         models = self._load()
         names = [model]
         while "/" in names[-1]:
             names.append(names[-1].split("/", 1)[1])
         names += [_DATED.sub("", name) for name in names if _DATED.search(name)]
-        return next((models[name] for name in names if name in models), UNKNOWN)
+        return next(((name, models[name]) for name in names if name in models), None)
 
     def _load(self) -> dict[str, ModelInfo]:
         with self._loading:

@@ -154,5 +154,7 @@ def _capped(candidate: dict[str, Any]) -> dict[str, Any]:
     return {**candidate, "text": text}
 
 
-def decision_record(decision: policies.Decision) -> dict[str, Any]:
-    return {"at": round(time.time(), 3), **dataclasses.asdict(decision)}
+def decision_record(decision: policies.Decision, *, shadow: bool) -> dict[str, Any]:
+    """What the session keeps of a layer's decision; `shadow`: it was computed and stored,
+    but the request went upstream unchanged (shadow mode)."""
+    return {"at": round(time.time(), 3), **dataclasses.asdict(decision), "shadow": shadow}

@@ -32,6 +32,8 @@ class ClientRequest:
     # The request's headers as they go upstream (the proxy's own dropped), for its exact
     # count call (the credential, anthropic-version and -beta); never stored.
     headers: tuple[tuple[str, str], ...] = ()
+    # Compaction is computed, stored and reported, but the client's bytes go upstream.
+    shadow: bool = False
 
     @functools.cached_property
     def key(self) -> str:

@@ -247,7 +247,7 @@ class UpstreamClient:
                     )
                     if not isinstance(outcome, _Again):
                         return outcome
-                    self.metrics.upstream_retries.labels(outcome.reason).inc()
+                    self.metrics.upstream_retries.labels(upstream.name, outcome.reason).inc()
                     log.info(
                         "upstream retried",
                         extra={"upstream": upstream.name, "reason": outcome.reason},
@@ -286,7 +286,7 @@ class UpstreamClient:
             # Refused, unresolvable: the request never left.
             wait = budget.wait()
             if wait is None:
-                raise _unreachable(upstream, exc, budget) from None
+                raise self._unreachable(upstream, exc, budget) from None
             return _Again("connect", wait)
         except (
             aiohttp.ServerDisconnectedError,
@@ -297,10 +297,10 @@ class UpstreamClient:
             # On a new one the upstream may have run the request: never twice.
             wait = budget.wait() if progress.reused else None
             if wait is None:
-                raise _unreachable(upstream, exc, budget) from None
+                raise self._unreachable(upstream, exc, budget) from None
             return _Again("stale_connection", wait)
         except (aiohttp.ClientError, OSError) as exc:
-            raise _unreachable(upstream, exc, budget) from None
+            raise self._unreachable(upstream, exc, budget) from None
         if response.status not in RETRY_STATUSES or budget.left <= 0:
             return HTTPResponse(response)
         answer = HTTPResponse(response)
@@ -314,7 +314,7 @@ class UpstreamClient:
         return _Again(f"status_{response.status}", wait)
 
     def _timeout(self, upstream: Upstream, phase: str, seconds: float) -> UpstreamTimeout:
-        self.metrics.upstream_timeouts.labels(phase).inc()
+        self.metrics.upstream_timeouts.labels(upstream.name, phase).inc()
         name = upstream.name
         if phase == "connect":
             return UpstreamTimeout(f"upstream {name!r} accepted no connection within {seconds:g} s")
@@ -325,12 +325,14 @@ class UpstreamClient:
             )
         return UpstreamTimeout(f"upstream {name!r} sent no response within {seconds:g} s")
 
-
-def _unreachable(upstream: Upstream, exc: BaseException, budget: Retries) -> UpstreamUnreachable:
-    tries = f" ({budget.done + 1} attempts)" if budget.done else ""
-    return UpstreamUnreachable(
-        f"upstream {upstream.name!r} is unreachable: {type(exc).__name__}{tries}"
-    )
+    def _unreachable(
+        self, upstream: Upstream, exc: BaseException, budget: Retries
+    ) -> UpstreamUnreachable:
+        self.metrics.upstream_errors.labels(upstream.name, "unreachable").inc()
+        tries = f" ({budget.done + 1} attempts)" if budget.done else ""
+        return UpstreamUnreachable(
+            f"upstream {upstream.name!r} is unreachable: {type(exc).__name__}{tries}"
+        )
 
 
 async def body_chunks(

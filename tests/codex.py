@@ -53,11 +53,13 @@ def short_summary(body: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def codex_servers(
-    *, summarizer: Any = short_summary, **policy: Any
+    *, summarizer: Any = short_summary, local: bool = False, **policy: Any
 ) -> Iterator[tuple[FakeUpstream, ServerThread]]:
     """The strict fake upstream (MODEL at WINDOW) and the proxy in front of it, with `policy`
-    merged into the default policy."""
-    with FakeUpstream(windows={MODEL: WINDOW}, summarizer=summarizer) as up:
+    merged into the default policy; `local`: an upstream without provider compaction."""
+    with FakeUpstream(
+        windows={MODEL: WINDOW}, summarizer=summarizer, provider_compaction=not local
+    ) as up:
         models = [{"match": MODEL, "context_window": WINDOW}]
         config = config_for(
             up, models=models, policies={"default": policy}, admin={"token": "admin-token"}

@@ -7,6 +7,7 @@ test); tests whose config differs build their own proxy with `proxy_config` and 
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,13 +57,15 @@ def config_for(up: FakeUpstream, **sections: Any) -> Config:
 
 
 def metric(http: httpx.Client, server: ServerThread, name: str, **labels: str) -> float:
-    """The current value of one sample of the proxy's /metrics (0 when absent)."""
+    """The sum of the proxy's /metrics samples of `name` that have these label values, as
+    PromQL's `sum(name{labels})` (0 when there is none)."""
     text = http.get(server.url + "/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    return 0.0
+    return math.fsum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 @pytest.fixture(scope="session")

@@ -130,7 +130,7 @@ class Harness:
         return httpx.request(method, self.url + path, headers=headers, **kwargs)
 
     def metric(self, name: str, **labels: str) -> float:
-        """The current value of one sample of the first proxy's /metrics (0 when absent)."""
+        """The first proxy's /metrics samples of `name` with these labels, summed (`metric`)."""
         with httpx.Client() as http:
             return metric(http, self.servers[0], name, **labels)
 

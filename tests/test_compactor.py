@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy.ahead import PreparedSummaries
 from proxy.calibration import Calibration
@@ -22,10 +24,11 @@ from proxy.errors import ContextLengthExceeded, StoreUnavailable
 from proxy.limits import ModelLimits
 from proxy.metrics import Metrics
 from proxy.sessions import Sessions
+from proxy.state import SessionState
 from proxy.store import MemoryStore
 from proxy.turn import ClientRequest
 from tests.doubles import FailingStore, FakeSummarizer
-from tests.harness import history
+from tests.harness import history, said
 
 MODEL = "gpt-4"  # counted exactly
 CONFIG = """
@@ -53,8 +56,10 @@ class Parts:
         return ClientRequest(dialect, dialect.parse(raw), "tenant", session, policy, upstream, ())
 
 
-def parts(store: MemoryStore | None = None, *, fail_open: bool = True) -> Parts:
-    config = loads(CONFIG)
+def parts(
+    store: MemoryStore | None = None, *, fail_open: bool = True, config_text: str = CONFIG
+) -> Parts:
+    config = loads(config_text)
     store = store or MemoryStore(ttl_seconds=60)
     metrics = Metrics()
     summarizer = FakeSummarizer()
@@ -164,3 +169,51 @@ async def test_sessions_of_two_tenants_never_share_a_plan() -> None:
     other = dataclasses.replace(one, tenant="someone-else")
     await p.compactor.prepare(one)
     assert (await p.compactor.prepare(other)).action == "compacted"  # not "replayed"
+
+
+# Summaries only on the request path (prepare_at is compact_at): no background work.
+ON_THE_REQUEST_PATH = CONFIG.replace("512}", "512, prepare_at: 0.9}")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    turns=st.lists(st.tuples(st.integers(20, 600), st.booleans()), min_size=1, max_size=30),
+    answer=st.sampled_from(["A short summary.", RuntimeError("summarizer down")]),
+)
+def test_shadow_mode_forwards_the_client_bytes_and_stores_the_plan_it_would(
+    turns: list[tuple[int, bool]], answer: str | Exception
+) -> None:
+    """One conversation sent to two sessions: one compacted for real, the other under shadow
+    mode on the turns that say so. Both make the same decisions and store the same plans; the
+    shadowed turns go out as the client sent them."""
+    asyncio.run(shadowed_sessions(turns, answer))
+
+
+async def shadowed_sessions(turns: list[tuple[int, bool]], answer: str | Exception) -> None:
+    p = parts(config_text=ON_THE_REQUEST_PATH)
+    p.summarizer.answer = answer
+    messages = history(0)[:-1]
+    for turn, (size, shadow) in enumerate(turns):
+        messages.append({"role": "user", "content": said(turn, size)})
+        real = await p.compactor.prepare(p.request(messages, "real"))
+        request = dataclasses.replace(p.request(messages, "shadowed"), shadow=shadow)
+        would = await p.compactor.prepare(request)
+        if shadow:
+            assert would.body is request.parsed.raw
+            assert (would.applied, would.tokens_sent) == ("none", would.tokens_before)
+            headers = dict(would.headers())
+            assert headers["x-compaction-shadow"] == "true"
+            assert headers["x-compaction-action"] == f"shadow-{real.action}"
+        else:
+            assert would.body == real.body
+        assert (would.action, would.tokens_after) == (real.action, real.tokens_after)
+        assert await plans(p, request.key) == await plans(p, p.request(messages, "real").key)
+        messages.append({"role": "assistant", "content": "Noted."})
+
+
+async def plans(p: Parts, key: str) -> list[dict[str, Any]]:
+    """The plans the session stores (its branches without their times of use)."""
+    record = await p.store.get(key)
+    if record is None:
+        return []
+    return [branch.plan.to_dict() for branch in SessionState.from_bytes(record.data).branches]

@@ -72,6 +72,8 @@ def test_past_the_cap_requests_are_refused_at_once_in_their_apis_shape(
         assert len(upstream.requests) == 2
     overloaded = {"route": "overloaded", "status": "429"}
     assert metric(http, capped, "compaction_proxy_requests_total", **overloaded) == 2
+    refused = {"status": "429", "reason": "proxy_overloaded"}
+    assert metric(http, capped, "compaction_proxy_refusals_total", **refused) == 2
 
 
 def test_the_openai_refusal_says_proxy_overloaded(

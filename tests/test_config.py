@@ -23,6 +23,8 @@ SECRETS = {
     "CP_TEST_OPENAI_KEY": "sk-live-0123456789",
     "CP_TEST_ADMIN_TOKEN": "admin-token-9876",
     "CP_TEST_REDIS_PASSWORD": "redis-pass-5555",
+    "CP_TEST_ITEMS_KEY": "items-key-0123456789abcdef0123456789",
+    "CP_TEST_HOOK_TOKEN": "hook-token-4321",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -44,6 +46,7 @@ store:
 sessions:
   header: X-Conversation
   policy_header: X-Policy
+  shadow_header: X-Shadow
 auth:
   keys:
     - {{id: team-a, sha256: {SHA}}}
@@ -92,6 +95,8 @@ policies:
       temperature: 0.0
       request_wait_seconds: 1.5
     cache_breakpoints: false
+    provider_compaction: serve
+    shadow: true
     exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5}}
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
@@ -107,6 +112,17 @@ routes:
   - {{policy: default, model: "gpt-4o*", policy_header: careful, upstream: local, dialects: [chat]}}
 admin:
   token: ${{CP_TEST_ADMIN_TOKEN}}
+compaction_items:
+  signing_key: ${{CP_TEST_ITEMS_KEY}}
+hooks:
+  pre_compact:
+    url: http://127.0.0.1:9100/pre
+    timeout_seconds: 0.5
+    include_text: true
+    max_in_flight: 8
+  post_compact:
+    url: https://hooks.example.com/post
+    headers: {{Authorization: "Bearer ${{CP_TEST_HOOK_TOKEN}}"}}
 logging:
   level: debug
   format: text
@@ -154,6 +170,11 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (compaction.reserved_output_tokens, compaction.safety_margin_tokens) == (2048, 128)
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
     assert not policy.cache_breakpoints and config.policies["cheap"].cache_breakpoints
+    assert policy.provider_compaction == "serve"
+    assert config.policies["cheap"].provider_compaction == "relay"
+    assert config.compaction_items.signing_key == secrets["CP_TEST_ITEMS_KEY"]
+    assert policy.shadow and not config.policies["cheap"].shadow
+    assert config.sessions.shadow_header == "X-Shadow"
     assert policy.summarizer.request_wait_seconds == 1.5
     assert (policy.exact_count.via, policy.exact_count.margin) == ("count_tokens", 0.2)
     assert config.policies["cheap"].exact_count.via == "none"
@@ -171,6 +192,11 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert config.routes[0].dialects == ("chat",)
     assert config.admin.token == secrets["CP_TEST_ADMIN_TOKEN"]
     assert (config.logging.level, config.logging.format) == ("debug", "text")
+    pre, post = config.hooks.pre_compact, config.hooks.post_compact
+    assert pre is not None and post is not None
+    assert (pre.timeout_seconds, pre.include_text, pre.max_in_flight) == (0.5, True, 8)
+    assert (post.timeout_seconds, post.include_text, post.max_in_flight) == (1.0, False, 64)
+    assert post.headers == {"Authorization": f"Bearer {secrets['CP_TEST_HOOK_TOKEN']}"}
 
 
 def documented_keys() -> set[str]:
@@ -217,6 +243,8 @@ def test_every_setting_is_documented() -> None:
         config_module.Policy,
         config_module.Route,
         config_module.Admin,
+        config_module.Hooks,
+        config_module.Hook,
         config_module.Logging,
         config_module.Config,
     ]
@@ -299,6 +327,26 @@ def problems(text: str) -> list[str]:
             "policies.default (<config>, line 5): levels must satisfy 0 < target < compact_at",
         ),
         (
+            MINIMAL + "hooks:\n  pre_compact:\n    url: ftp://hooks/pre\n",
+            "hooks.pre_compact.url (<config>, line 6): must be an http:// or https:// URL",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', timeout_seconds: 0}\n",
+            "hooks.post_compact.timeout_seconds (<config>, line 5): must be positive",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', max_in_flight: 0}\n",
+            "hooks.post_compact.max_in_flight (<config>, line 5): must be at least 1",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', headers: {'a b': x}}\n",
+            "hooks.post_compact.headers.a b (<config>, line 5): must be a header name",
+        ),
+        (
+            MINIMAL + "hooks:\n  pre_compact: {timeout_seconds: 1}\n",
+            "hooks.pre_compact.url: is required",
+        ),
+        (
             MINIMAL + "routes:\n  - policy: nope\n",
             "routes[0].policy (<config>, line 5): names no policy: 'nope'",
         ),
@@ -325,6 +373,14 @@ def problems(text: str) -> list[str]:
             "",  # a duplicate mapping key: the YAML's last one wins, and that is valid
         ),
         ("listen: {}\n", "upstreams: is required"),
+        (
+            MINIMAL + "compaction_items:\n  signing_key: short\n",
+            "compaction_items.signing_key (<config>, line 5): must be at least 32 characters",
+        ),
+        (
+            MINIMAL + "policies:\n  default:\n    provider_compaction: answer\n",
+            "policies.default.provider_compaction (<config>, line 6):",
+        ),
         (
             MINIMAL + "  two:\n    base_url: http://127.0.0.1:9/v1\n",
             "default_upstream: names no upstream: ''",
@@ -407,7 +463,9 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     assert masked["upstreams"]["openai"]["api_key"] == "***"
     assert masked["upstreams"]["local"]["api_key"] is None
     assert masked["admin"]["token"] == "***"
+    assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"
+    assert masked["hooks"]["post_compact"]["headers"] == {"Authorization": "***"}
     text = orjson.dumps(masked).decode()
     for secret in secrets.values():
         assert secret not in text

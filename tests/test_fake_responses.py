@@ -31,6 +31,7 @@ WINDOWS = {"gpt-4o-mini": 128_000, "small-8k": 8192, "gpt-5-small": 8192}
 RESPONSES = "/v1/responses"
 O200K = tiktoken.get_encoding("o200k_base")
 HELLO = [{"role": "user", "content": "hello there"}]
+TRIGGER = "compaction_trigger"
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -958,6 +959,62 @@ def test_compact_then_continue(up: FakeUpstream, client: openai.OpenAI, http: ht
         RESPONSES + "/compact", json={"model": "gpt-5", "input": "x", "store": False}
     )
     assert unknown.json() == error("Unknown parameter: 'store'.", "store", "unknown_parameter")
+
+
+def test_a_compaction_trigger_is_answered_by_the_compaction_item_alone(
+    up: FakeUpstream, client: openai.OpenAI, http: httpx.Client
+) -> None:
+    history = [*HELLO, {"role": "assistant", "content": "hi"}, {"type": "compaction_trigger"}]
+    answer = client.responses.create(model="gpt-5", input=history, store=False)
+    (item,) = answer.output
+    assert item.type == "compaction" and up.compact_calls == 1
+    follow_up = [stateless(dump(item)), {"role": "user", "content": "go on"}]
+    assert client.responses.create(model="gpt-5", input=follow_up, store=False).output_text
+    body = {"model": "gpt-5", "input": history, "stream": True, "store": False}
+    events = sse_events(http.post(RESPONSES, json=body).content)
+    kinds = [e["type"] for e in events]
+    assert kinds[2:] == [
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert "encrypted_content" not in events[2]["item"]
+    assert events[3]["item"]["encrypted_content"].startswith("gAAAAA")
+    misplaced = {"model": "gpt-5", "input": [{"type": "compaction_trigger"}, *HELLO]}
+    refused = http.post(RESPONSES, json=misplaced)
+    message = "A compaction_trigger item must be the final input item."
+    assert refused.json() == error(message, "input[0]")
+
+
+def test_codex_compact_requests_carry_its_tools(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "name": "shell", "parameters": {"type": "object"}}
+    compacted = client.responses.compact(
+        model="gpt-5",
+        input=HELLO,
+        extra_body={
+            "tools": [tool],
+            "parallel_tool_calls": False,
+            "reasoning": {"effort": "low"},
+            "text": {"verbosity": "low"},
+        },
+    )
+    assert compacted.output[-1].type == "compaction"
+
+
+def test_a_server_without_provider_compaction_knows_none_of_it(http: httpx.Client) -> None:
+    with FakeUpstream(provider_compaction=False) as local:
+        base = local.origin
+        compact = http.post(base + RESPONSES + "/compact", json={"model": "m", "input": "x"})
+        assert compact.status_code == 404
+        for kind, extra in (("compaction", {"encrypted_content": "gAAAAAxx"}), (TRIGGER, {})):
+            body = {"model": "m", "input": [*HELLO, {"type": kind, **extra}]}
+            refused = http.post(base + RESPONSES, json=body)
+            assert refused.status_code == 400
+            assert refused.json()["error"]["message"].startswith(f"Invalid value: '{kind}'.")
+            assert refused.json()["error"]["param"] == "input[1].type"
+        assert local.rejected == 3
+        assert http.post(base + RESPONSES, json={"model": "m", "input": HELLO}).status_code == 200
+        assert local.rejected == 3
 
 
 # -- behaviours -----------------------------------------------------------------------------------

@@ -407,3 +407,40 @@ def test_count_tokens_counts_the_view_of_a_named_session(up: FakeAnthropic) -> N
         whole = client.messages.count_tokens(model=SMALL, messages=messages)
         assert whole.input_tokens == up.count({"model": SMALL, "messages": messages})
     assert up.requests[-1].path == "/v1/messages/count_tokens"
+
+
+def test_under_shadow_mode_the_client_bytes_go_upstream_and_are_counted(
+    up: FakeAnthropic,
+) -> None:
+    """Shadow mode (docs/config.md): the would-be compaction is reported and stored, but the
+    request goes upstream as sent (no breakpoints of the proxy's either), and count_tokens
+    counts it whole."""
+    with proxy_server(config(up)) as proxy:
+        messages = history(12, 400)  # over the compaction level, within the fake's window
+        raw = orjson.dumps({"model": SMALL, "max_tokens": 1000, "messages": messages})
+        headers = {
+            "x-api-key": KEY,
+            "anthropic-version": VERSION,
+            "content-type": "application/json",
+            "X-Claude-Code-Session-Id": "shadowed",
+            "X-Compaction-Shadow": "1",
+        }
+        answer = httpx.post(proxy.url + "/v1/messages", content=raw, headers=headers)
+        assert answer.status_code == 200
+        assert answer.headers["x-compaction-action"] == "shadow-compacted"
+        assert answer.headers["x-compaction-shadow"] == "true"
+        assert up.requests[-1].body == raw
+        counted = client_of(proxy).messages.with_raw_response.count_tokens(
+            model=SMALL, messages=messages, extra_headers=headers
+        )
+        assert counted.headers["x-compaction-action"] == "shadow-replayed"
+        whole = up.count({"model": SMALL, "messages": messages})
+        assert counted.parse().input_tokens == whole
+        # Shadow mode off: the count is of the view the stored plan makes.
+        headers["X-Compaction-Shadow"] = "0"
+        counted = client_of(proxy).messages.with_raw_response.count_tokens(
+            model=SMALL, messages=messages, extra_headers=headers
+        )
+        assert counted.headers["x-compaction-action"] == "replayed"
+        assert "x-compaction-shadow" not in counted.headers
+        assert counted.parse().input_tokens < whole

@@ -379,6 +379,8 @@ def test_an_under_counted_request_is_compacted_harder_and_retried_once() -> None
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="small-8k", messages=too_long)
         assert len(h.forwarded()) == 2  # retried once, not more
+        overflow = {"upstream": "fake", "reason": "overflow"}
+        assert h.metric("compaction_proxy_upstream_retries_total", **overflow) == 2
         with pytest.raises(ApiError) as expected:
             check_window(h.up.requests[-1].json, 8192)
         assert caught.value.response.json() == expected.value.body

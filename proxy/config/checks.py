@@ -16,6 +16,7 @@ from .schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
 from .store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]
+MIN_SIGNING_KEY = 32  # characters of a compaction item signing key: 128 bits and more
 
 
 def check(config: Config, source: Source) -> None:
@@ -49,20 +50,23 @@ def check(config: Config, source: Source) -> None:
         p(("default_policy",), f"names no policy: {config.default_policy!r}")
     _check_routes(config, p)
     _check_summary_roles(config, p)
+    _check_hooks(config, p)
     for i, key in enumerate(config.auth.keys):
         if len(key.sha256) != 64 or any(c not in "0123456789abcdef" for c in key.sha256):
             p(("auth", "keys", i, "sha256"), "must be 64 lowercase hex characters")
     _check_open_relay(config, p)
+    signing_key = config.compaction_items.signing_key
+    if signing_key is not None and len(signing_key) < MIN_SIGNING_KEY:
+        p(("compaction_items", "signing_key"), f"must be at least {MIN_SIGNING_KEY} characters")
 
 
 def _check_upstreams(config: Config, p: Problem) -> None:
     if not config.upstreams:
         p(("upstreams",), "at least one upstream is required")
     for name, upstream in config.upstreams.items():
-        parts = urlsplit(upstream.base_url)
         if not upstream.base_url and upstream.kind != "litellm":
             p(("upstreams", name, "base_url"), "is required")
-        elif upstream.base_url and (parts.scheme not in ("http", "https") or not parts.hostname):
+        elif upstream.base_url and not _is_http_url(upstream.base_url):
             p(("upstreams", name, "base_url"), "must be an http:// or https:// URL")
         _check_provider_settings(name, upstream, p)
         for field in dataclasses.fields(upstream.timeouts):
@@ -182,6 +186,28 @@ def _check_summary_roles(config: Config, p: Problem) -> None:
                 f"must be user: the policy serves Anthropic Messages requests ({where}), "
                 "whose summary is a user message",
             )
+
+
+def _check_hooks(config: Config, p: Problem) -> None:
+    for name in ("pre_compact", "post_compact"):
+        hook = getattr(config.hooks, name)
+        if hook is None:
+            continue
+        if not _is_http_url(hook.url):
+            p(("hooks", name, "url"), "must be an http:// or https:// URL")
+        if hook.timeout_seconds <= 0:
+            p(("hooks", name, "timeout_seconds"), "must be positive")
+        if hook.max_in_flight < 1:
+            p(("hooks", name, "max_in_flight"), "must be at least 1")
+        for header, value in hook.headers.items():
+            if not header or any(c in header for c in " :\r\n") or "\n" in value or "\r" in value:
+                where = ("hooks", name, "headers", header)
+                p(where, "must be a header name without spaces or colons, its value on one line")
+
+
+def _is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _serving(config: Config, name: str) -> str:

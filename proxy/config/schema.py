@@ -59,6 +59,7 @@ class Store:
 class Sessions:
     header: str = "X-Session-Id"
     policy_header: str = "X-Compaction-Policy"
+    shadow_header: str = "X-Compaction-Shadow"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,11 +201,34 @@ class Policy:
     # Anthropic Messages: add the proxy's own prompt-cache breakpoints in the slots the
     # client left free (docs/anthropic.md).
     cache_breakpoints: bool = True
+    # Responses API: provider compaction (/v1/responses/compact, a compaction_trigger item)
+    # relayed to the upstream, or served by the proxy itself (docs/responses.md).
+    provider_compaction: Literal["relay", "serve"] = "relay"
+    # Compute, store and report what compaction would do, but forward the client's request
+    # unchanged (a rollout that only observes).
+    shadow: bool = False
     exact_count: ExactCount = ExactCount()
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )
     name: str = dataclasses.field(default="", init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """An HTTP webhook told about compactions (docs/config.md, `hooks`)."""
+
+    url: str
+    timeout_seconds: float = 1.0
+    include_text: bool = False  # message, summary and anchor text in the payload
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    max_in_flight: int = 64  # calls under way at once; past it a call is dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    pre_compact: Hook | None = None  # before a summary is requested; may add instructions
+    post_compact: Hook | None = None  # the outcome of a compaction, off the request path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +250,15 @@ class Route:
 @dataclasses.dataclass(frozen=True)
 class Admin:
     token: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionItems:
+    """The compaction items the proxy issues when it serves provider compaction."""
+
+    # Signs them (HMAC-SHA256); None: a random key of this process, so that its items do not
+    # outlive it nor travel to other replicas.
+    signing_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +284,8 @@ class Config:
     default_policy: str = "default"
     routes: tuple[Route, ...] = ()
     admin: Admin = Admin()
+    compaction_items: CompactionItems = CompactionItems()
+    hooks: Hooks = Hooks()
     logging: Logging = Logging()
 
     def model(self, model: str) -> ModelOverride | None:
@@ -317,7 +352,12 @@ class Config:
                 params[name] = "***"
         if data["admin"]["token"]:
             data["admin"]["token"] = "***"  # noqa: S105 (the mask, not a password)
+        if data["compaction_items"]["signing_key"]:
+            data["compaction_items"]["signing_key"] = "***"
         data["store"]["url"] = masked_url(data["store"]["url"])
+        for hook in data["hooks"].values():
+            if hook is not None:  # a hook's headers are where its credential goes
+                hook["headers"] = dict.fromkeys(hook["headers"], "***")
         for policy in data["policies"].values():
             policy.update(policy.pop("compaction"))
             # A layer is a mapping of its name to its parameters.

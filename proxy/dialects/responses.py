@@ -30,6 +30,7 @@ from .openai import (
 from .responses_items import edited_items, map_items
 
 SESSION_HEADER = "session_id"  # where Codex CLI names its session
+HELD_UPSTREAM = ("previous_response_id", "conversation")  # fields naming a history held upstream
 MIN_OUTPUT_TOKENS = 16  # the API refuses a lower max_output_tokens
 # The events that open every stream, before the one that may report an overflow.
 _OPENING = frozenset({"response.created", "response.in_progress"})
@@ -58,7 +59,7 @@ class Responses(OpenAIDialect):
         else:
             raise invalid_type("input", "a string or an array of input items", given)
         mapped = map_items(items)
-        held = next((k for k in ("previous_response_id", "conversation") if body.get(k)), None)
+        held = next((k for k in HELD_UPSTREAM if body.get(k)), None)
         return Parsed(
             raw=raw,
             body=body,

@@ -21,7 +21,18 @@ Facts it relies on, from openai-python (``types/responses``) and openai/codex (`
   'output_text' and 'refusal'.`` for an assistant message; ``Unsupported parameter:
   'temperature' is not supported with this model.`` for reasoning models.
 - ``/v1/responses/compact`` answers ``{"object": "response.compaction", "output": [...]}``, the
-  output being "all user messages, followed by a single compaction item".
+  output being "all user messages, followed by a single compaction item"; Codex CLI sends it
+  ``tools``, ``parallel_tool_calls``, ``reasoning`` and ``text`` as in its ``/v1/responses``
+  requests (codex-rs ``core/tests/suite/compact_remote.rs``) and replaces its history with the
+  output. A ``compaction_trigger`` item ("Compacts the current context. Must be the final
+  input item.") makes a ``/v1/responses`` answer whose one output item is the compaction item;
+  streamed, that item has only ``response.output_item.added`` (without its content) and
+  ``.done``. Codex echoes a compaction item back as ``{"type": "compaction",
+  "encrypted_content": ...}`` (codex-rs ``protocol/src/models.rs``: ``ResponseItem::Compaction``
+  keeps nothing else).
+- A server without provider compaction (``provider_compaction=False``, a local server) has no
+  ``/v1/responses/compact`` (404) and answers ``Invalid value: 'compaction'`` (or
+  ``'compaction_trigger'``) for those items, as for any type it does not know.
 
 Modelled simply (documented deviations):
 
@@ -48,7 +59,8 @@ Modelled simply (documented deviations):
   it an error. Reasoning models accept ``temperature`` 1 (or none).
 - ``conversation``, ``prompt``, ``background``, ``context_management`` and the other accepted
   fields are echoed or ignored. ``/v1/responses/compact`` takes ``summary_delay``, counts
-  ``compact_calls`` (not ``summary_calls``) and reports ``ENCRYPTED_TOKENS`` output tokens.
+  ``compact_calls`` (not ``summary_calls``) and reports ``ENCRYPTED_TOKENS`` output tokens; so
+  does a trigger. The wording of the 400 for a trigger that is not last is the fake's own.
 """
 
 from __future__ import annotations
@@ -81,12 +93,14 @@ from tests.fake_upstream.responses_input import (
     Memory,
     check_pairs,
     check_reasoning,
+    check_trigger,
     context,
     is_reasoning,
     item_type,
     new_id,
     prompt_units,
     put,
+    refuse_provider_compaction,
     validate_compact,
     validate_responses,
 )
@@ -288,6 +302,9 @@ def _item_events(emit: Callable[..., None], index: int, item: dict[str, Any]) ->
             done = {"text": part["text"], "logprobs": []}
             emit("response.output_text.done", **at, content_index=c, **done)
             emit("response.content_part.done", **at, content_index=c, part=part)
+    elif kind == "compaction":  # no events between these two; its content only when done
+        opening = {k: v for k, v in item.items() if k != "encrypted_content"}
+        emit("response.output_item.added", output_index=index, item=opening)
     else:  # a function or custom tool call
         field, event = (
             ("arguments", "function_call_arguments")
@@ -334,8 +351,11 @@ async def handle(
 ) -> web.StreamResponse:
     """``POST /v1/responses``."""
     validate_responses(body)
+    if not up.provider_compaction:
+        refuse_provider_compaction(body)
     store = body.get("store") is not False
     items, new_from = context(up.memory, body, store)
+    triggered = check_trigger(items)
     check_pairs(items)
     check_reasoning(up.memory, items, new_from)
     model, window = body["model"], up.window_of(body["model"])
@@ -350,6 +370,15 @@ async def handle(
         failed = _response(body, response_id, status="failed", error=error)
         return await up.stream(request, _events(failed, obfuscate), behaviors, SSE)
     cached = up.memory.cached_tokens(model, key, units)
+    if triggered:  # the answer is the compaction item alone
+        up.bump("compact_calls")
+        compaction = _compaction_item(up)
+        usage = _usage(prompt, cached, ENCRYPTED_TOKENS, 0)
+        response = _response(body, response_id, output=[compaction], usage=usage)
+        _remember(up.memory, response_id, items, [compaction], store)
+        if body.get("stream"):
+            return await up.stream(request, _events(response, obfuscate), behaviors, SSE)
+        return await _json(up, request, response, behaviors)
     limit = body.get("max_output_tokens")
     budget = window - prompt if limit is None else min(limit, window - prompt)
     answer = await _answer(up, request, raw, body, items, prompt, budget, behaviors)
@@ -376,6 +405,12 @@ def _remember(
             put(memory.items, item["id"], item, limit=65536)
 
 
+def _compaction_item(up: FakeUpstream) -> dict[str, Any]:
+    compaction_id = new_id("cmp")
+    sealed = up.memory.seal("compaction", compaction_id)
+    return {"id": compaction_id, "type": "compaction", "encrypted_content": sealed}
+
+
 async def compact(
     up: FakeUpstream, request: web.Request, body: Any, behaviors: dict[str, str]
 ) -> web.StreamResponse:
@@ -397,9 +432,7 @@ async def compact(
                 parts = [{"type": "input_text", "text": parts}]
             message = {"id": new_id("msg"), "type": "message", "status": "completed"}
             output.append(message | {"role": "user", "content": parts})
-    compaction_id = new_id("cmp")
-    sealed = up.memory.seal("compaction", compaction_id)
-    output.append({"id": compaction_id, "type": "compaction", "encrypted_content": sealed})
+    output.append(_compaction_item(up))
     answer = {
         "id": new_id("resp"),
         "object": "response.compaction",

@@ -50,7 +50,11 @@ PARAMS = frozenset(
 COMPACT_PARAMS = frozenset(
     _names("""model input instructions previous_response_id prompt_cache_key prompt_cache_options
     prompt_cache_retention service_tier image""")
+    # also sent by Codex CLI, as in its /v1/responses requests (codex-rs, compact_remote.rs)
+    + _names("tools parallel_tool_calls reasoning text")
 )
+# The items of provider compaction, which a server without it (a local one) does not know.
+PROVIDER_COMPACTION_ITEMS = ("compaction", "compaction_trigger")
 INCLUDABLE = (
     "file_search_call.results",
     "web_search_call.results",
@@ -268,6 +272,24 @@ def check_request(body: Any, allowed: frozenset[str]) -> None:
         raise invalid_type("input", "one of a string or array of input items", given)
     for index, item in enumerate(given if isinstance(given, list) else ()):
         _check_item(index, item)
+
+
+def check_trigger(items: list[Any]) -> bool:
+    """Whether the input ends with a compaction_trigger, which must be its final item."""
+    kinds = [item_type(item) for item in items]
+    for index, kind in enumerate(kinds[:-1]):
+        if kind == "compaction_trigger":
+            raise bad("A compaction_trigger item must be the final input item.", f"input[{index}]")
+    return bool(kinds) and kinds[-1] == "compaction_trigger"
+
+
+def refuse_provider_compaction(body: Mapping[str, Any]) -> None:
+    """A server without provider compaction: its items are types it does not know."""
+    given = body.get("input")
+    supported = [kind for kind in ITEM_TYPES if kind not in PROVIDER_COMPACTION_ITEMS]
+    for index, item in enumerate(given if isinstance(given, list) else ()):
+        if item_type(item) in PROVIDER_COMPACTION_ITEMS:
+            raise invalid_value(item_type(item), supported, f"input[{index}].type")
 
 
 def validate_compact(body: Any) -> None:

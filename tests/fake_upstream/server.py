@@ -84,10 +84,13 @@ class FakeUpstream(FakeServer):
         summarizer: Summarizer = default_summary,
         summary_delay: float = 0.0,
         api_key: str | None = None,
+        provider_compaction: bool = True,
         record: bool = True,
         port: int = 0,
     ) -> None:
-        super().__init__("compact_calls", record=record, port=port, max_body_bytes=100 * 2**20)
+        super().__init__(
+            "compact_calls", "rejected", record=record, port=port, max_body_bytes=100 * 2**20
+        )
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -96,6 +99,9 @@ class FakeUpstream(FakeServer):
         self.summarizer = summarizer
         self.summary_delay = summary_delay
         self.api_key = api_key  # None: any credential is accepted
+        # False: a server without provider compaction (a local one): no /v1/responses/compact,
+        # and compaction and compaction_trigger items are types it does not know.
+        self.provider_compaction = provider_compaction
         self.memory = Memory()  # what the Responses API remembers between requests
 
     @property
@@ -107,8 +113,15 @@ class FakeUpstream(FakeServer):
         return f"{self.origin}/v1"
 
     @property
+    def rejected(self) -> int:
+        """Requests answered with an API error (4xx, 5xx)."""
+        with self._changed:
+            return self._counts["rejected"]
+
+    @property
     def compact_calls(self) -> int:
-        """Calls of ``POST /v1/responses/compact``."""
+        """Provider compactions: calls of ``POST /v1/responses/compact`` and requests ending with
+        a ``compaction_trigger``."""
         with self._changed:
             return self._counts["compact_calls"]
 
@@ -140,6 +153,7 @@ class FakeUpstream(FakeServer):
         try:
             response = await self._respond(request, raw, data, behaviors)
         except ApiError as exc:
+            self.bump("rejected")
             response = web.json_response(exc.body, status=exc.status, dumps=dumps)
         except asyncio.CancelledError:
             if not self._closing:
@@ -181,7 +195,7 @@ class FakeUpstream(FakeServer):
             return await chat.handle(self, request, raw, data, behaviors)
         if (method, path) == ("POST", "/v1/responses"):
             return await responses.handle(self, request, raw, data, behaviors)
-        if (method, path) == ("POST", "/v1/responses/compact"):
+        if (method, path) == ("POST", "/v1/responses/compact") and self.provider_compaction:
             return await responses.compact(self, request, data, behaviors)
         if (method, path) == ("POST", "/v1/embeddings"):
             return web.json_response(_embeddings(data), dumps=dumps)
