@@ -63,9 +63,12 @@ class Admin:
     async def inspect(self, request: Request) -> Response:
         key = _key(request)
         loaded = await self.sessions.load(key)
-        if loaded.version == 0:
+        # What the upstream's prompt cache did, as this process read it, is written with
+        # the session's next write: shown here already.
+        state = self.sessions.with_unwritten(key, loaded.state)
+        if loaded.version == 0 and state.prompt_cache is None:
             raise NotFound("no such session")
-        body = {"key": key, "version": loaded.version, **loaded.state.to_dict()}
+        body = {"key": key, "version": loaded.version, **state.to_dict()}
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         return Response(data, media_type="application/json")
 

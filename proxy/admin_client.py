@@ -29,7 +29,8 @@ class AdminClient:
         self.timeout = timeout
 
     def show(self, key: str) -> Any:
-        """A session's state: plans, summary, decisions, memory candidates, calibration."""
+        """A session's state: plans, summary, decisions, memory candidates, calibration,
+        what the upstream's prompt cache read and wrote."""
         return self._call("GET", f"/admin/sessions/{_quoted(key)}")
 
     def reset(self, key: str) -> Any:

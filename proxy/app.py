@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 from . import litellm_transport
 from .admin import Admin
 from .ahead import PreparedSummaries
+from .cache_usage import CacheLedger
 from .calibration import Calibration
 from .compactor import Compactor
 from .config import Config
@@ -28,6 +29,7 @@ from .dialects import DIALECTS, Dialect
 from .dialects.chat import Chat
 from .dialects.responses import Responses
 from .errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
+from .exact_count import ExactCounts
 from .gate import Gate
 from .handler import Handler
 from .hooks import Hooks
@@ -67,7 +69,8 @@ class Proxy:
         self.metrics = metrics
         self.tenants = Tenants(config.auth)
         self.limits = ModelLimits(config)
-        self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open)
+        self.cache = CacheLedger()  # prompt-cache figures not yet written, for both Sessions
+        self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open, cache=self.cache)
         summarizers = Summarizers(config, client, self.limits, metrics)
         self.prepared = PreparedSummaries(
             self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
@@ -79,6 +82,7 @@ class Proxy:
             self.prepared,
             self.calibration,
             max_branches=config.store.max_branches,
+            exact_counts=ExactCounts(client, self.calibration, metrics),
         )
         # The proxy's own headers stop here.
         sessions = config.sessions
@@ -338,7 +342,7 @@ def create_app(
         WebSocketRoute("/{path:path}", refuse_websocket),
     ]
     if config.admin.token:
-        admin_sessions = Sessions(store, metrics, fail_open=False)
+        admin_sessions = Sessions(store, metrics, fail_open=False, cache=proxy.cache)
         routes += Admin(config.admin.token, admin_sessions).routes()
     routes.append(route("/{path:path}", proxy.not_found, ANY))
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(proxy.gate.around)])

@@ -19,9 +19,10 @@ from policies.memory import memory_candidates
 
 from .ahead import Bounded, PreparedSummaries
 from .calibration import Calibration
-from .dialects import Entries
+from .dialects import Entries, Usage
 from .errors import ContextLengthExceeded, SummaryPending
-from .limits import ModelLimits
+from .exact_count import ExactCounts
+from .limits import Limits, ModelLimits
 from .memo import MessageDigests, content_keys
 from .sessions import Lock, Sessions
 from .state import Branch, SessionState, decision_record
@@ -97,6 +98,7 @@ class Compactor:
         *,
         digests: MessageDigests | None = None,
         max_branches: int = 4,
+        exact_counts: ExactCounts | None = None,
     ) -> None:
         self.sessions = sessions
         self.limits = limits
@@ -104,6 +106,7 @@ class Compactor:
         self.calibration = calibration
         self.digests = digests or MessageDigests()
         self.max_branches = max_branches
+        self.exact_counts = exact_counts  # None: decisions by the estimate alone
 
     async def prepare(self, request: ClientRequest) -> Forward:
         """The request as it goes upstream: unchanged, replayed or compacted."""
@@ -121,13 +124,21 @@ class Compactor:
                 self._forward(turn, None, "none", tokens_before, tokens_before), can_retry=False
             )
         status = turn.budget.status(tokens)
+        unchanged: Forward | None = None
+        if pending is None and self.exact_counts and self.exact_counts.wanted(turn, tokens):
+            # Near the compaction level the estimate may be wrong either way: the upstream
+            # counts the request as it would go (the client's own under shadow mode), and
+            # the decision is made by its count's ratio to the proxy's.
+            unchanged = self._unchanged(turn, entries, tokens_before, tokens)
+            ratio = await self.exact_counts.ratio(turn, unchanged.body, unchanged.tokens_sent)
+            if ratio is not None:
+                turn.budget = self._budget(turn.request, turn.limits, ratio)
+                status = turn.budget.status(tokens)
         if status == "compact" or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
         if status == "prepare":
             self.prepared.start(turn, tokens)
-        if entries is None:
-            return self._forward(turn, None, "none", tokens, tokens)
-        return self._forward(turn, entries, "replayed", tokens_before, tokens)
+        return unchanged or self._unchanged(turn, entries, tokens_before, tokens)
 
     async def view(self, request: ClientRequest) -> Entries | None:
         """The session's plan applied to this request, None when it has none: what would be
@@ -146,17 +157,19 @@ class Compactor:
         exact = self.limits.limits(request.parsed.model).counter.mode == "exact"
         self.calibration.observe(request.key, upstream_tokens, forward.tokens_sent, exact=exact)
 
+    def count_cache(self, request: ClientRequest, usage: Usage) -> None:
+        """What the upstream's prompt cache read and wrote for the request: kept with the
+        session (written with its next write)."""
+        self.sessions.cache.observe(request.key, usage)
+
     async def _turn(self, request: ClientRequest) -> Turn:
         limits = self.limits.limits(request.parsed.model, request.upstream)
         if request.window is not None:
             limits = dataclasses.replace(limits, window=request.window)
         loaded = await self.sessions.load(request.key)
-        budget = request.policy.compaction.budget(
-            limits.window, limits.max_output, request.parsed.max_output
-        )
         exact = limits.counter.mode == "exact"
         ratio = self.calibration.effective(request.key, loaded.state.calibration, exact=exact)
-        budget = budget.scaled(ratio)
+        budget = self._budget(request, limits, ratio)
         messages = request.messages
         keys = content_keys(messages)
         counts = limits.counter.counts(messages, keys)
@@ -164,6 +177,22 @@ class Compactor:
         fixed = request.dialect.fixed_tokens(request.parsed, limits.counter)
         branch = loaded.state.branch(chain)
         return Turn(request, limits, budget, fixed, counts, chain, loaded, branch)
+
+    @staticmethod
+    def _budget(request: ClientRequest, limits: Limits, ratio: float) -> policies.Budget:
+        """The request's budget in the counter's tokens, the upstream's being `ratio` times."""
+        budget = request.policy.compaction.budget(
+            limits.window, limits.max_output, request.parsed.max_output
+        )
+        return budget.scaled(ratio)
+
+    def _unchanged(
+        self, turn: Turn, entries: Entries | None, tokens_before: int, tokens: int
+    ) -> Forward:
+        """The request as it goes without a compaction: its plan replayed, if any."""
+        if entries is None:
+            return self._forward(turn, None, "none", tokens, tokens)
+        return self._forward(turn, entries, "replayed", tokens_before, tokens)
 
     def _entries(self, turn: Turn) -> Entries | None:
         """The session's plan applied to this request; None when it has none."""

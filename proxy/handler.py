@@ -80,8 +80,7 @@ class Handler:
                 "history held upstream: forwarded unchanged",
                 extra={"api": self.dialect.name, "reason": parsed.opaque_reason},
             )
-        send_headers = relayable(headers.items(), self.drop_headers)
-        send_headers.append(("Accept-Encoding", "identity"))
+        send_headers = [*client_request.headers, ("Accept-Encoding", "identity")]
         query = query_string(request)
         path = self.dialect.upstream_path
         overhead = time.perf_counter() - started
@@ -152,8 +151,8 @@ class Handler:
                     body = self.dialect.render(parsed, entries)
         upstream = client_request.upstream
         path = str(self.dialect.count_path).removeprefix("/v1")
-        send_headers = relayable(headers.items(), self.drop_headers)
         query = query_string(request)
+        send_headers = list(client_request.headers)
         response = await self.client.open(upstream, "POST", path, query, send_headers, body)
         payload = await response.read(upstream.timeouts.stream_idle)
         response.release()
@@ -195,6 +194,7 @@ class Handler:
                 if name in self.carried and name not in self.drop_headers
             ),
             window=self.dialect.window(headers),
+            headers=tuple(relayable(headers.items(), self.drop_headers)),
             shadow=self._shadow(headers.get(sessions.shadow_header), policy),
         )
 
@@ -296,6 +296,7 @@ class Handler:
         what the upstream's prompt cache read and wrote."""
         if usage is None:
             return
+        self.compactor.count_cache(request, usage)
         if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
             self.compactor.calibrate(request, forward, usage.prompt_tokens)
         labels = self.labels(request)

@@ -128,6 +128,14 @@ class Metrics:
             REQUEST_LABELS,
             registry=r,
         )
+        self.exact_counts = Counter(
+            "compaction_proxy_exact_counts",
+            "Exact counts of requests near the compaction level (policy exact_count), by"
+            " outcome: counted (asked of the upstream), cached (a prefix the upstream counted,"
+            " plus the estimate of what followed), timeout, error (the estimate decided).",
+            ["outcome"],
+            registry=r,
+        )
         self.held_upstream = Counter(
             "compaction_proxy_held_upstream",
             "Requests forwarded unchanged because their history is held upstream, by reason "

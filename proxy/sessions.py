@@ -6,7 +6,9 @@ is derived from the first user message. Its store key is a hash of tenant and id
 client input never reaches the store and one tenant can never address another's state.
 
 `Sessions` is the one place that reads and writes session state: reads that fail open,
-compare-and-set updates (re-read on conflict) with fencing, and the single-flight lock.
+compare-and-set updates (re-read on conflict) with fencing, and the single-flight lock. Every
+write also carries the prompt-cache figures this process read since the session's last write
+(`cache_usage.CacheLedger`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from .cache_usage import CacheLedger, CacheUsage
 from .errors import StoreUnavailable
 from .metrics import Metrics
 from .state import SessionState
@@ -88,10 +91,18 @@ class Lock:
 class Sessions:
     """Session state in a `SessionStore`, as the request path and the admin API use it."""
 
-    def __init__(self, store: SessionStore, metrics: Metrics, *, fail_open: bool = True) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        metrics: Metrics,
+        *,
+        fail_open: bool = True,
+        cache: CacheLedger | None = None,
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.fail_open = fail_open
+        self.cache = cache or CacheLedger()
         self._releasing: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -125,7 +136,8 @@ class Sessions:
     ) -> bool:
         """Compare-and-set `change(state)`, re-reading on a conflict (a capped number of
         times): whether it was written. `loaded` is the state the caller already read; a
-        change that returns the state itself writes nothing."""
+        change that returns the state itself writes nothing. The prompt-cache figures not
+        written yet go along."""
         for _ in range(CAS_ATTEMPTS):
             if loaded is None:
                 loaded = await self.load(key)
@@ -134,17 +146,24 @@ class Sessions:
             changed = change(loaded.state)
             if changed is loaded.state:
                 return False
-            data = changed.to_bytes()
+            unwritten = self.cache.unwritten(key)
+            data = _with_cache(changed, unwritten).to_bytes()
             try:
                 written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
             except StoreUnavailable:
                 self._failed("compare_and_set")
                 return False
             if written is not None:
+                if unwritten is not None:
+                    self.cache.written(key, unwritten)
                 return True
             loaded = None
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
         return False
+
+    def with_unwritten(self, key: str, state: SessionState) -> SessionState:
+        """`state` with the prompt-cache figures this process has not written yet."""
+        return _with_cache(state, self.cache.unwritten(key))
 
     async def lock(self, key: str, ttl: float, *, wait: float = 0.0) -> Lock:
         """The session's lock for `ttl` seconds, waiting up to `wait` seconds while another
@@ -183,6 +202,7 @@ class Sessions:
 
     async def delete(self, key: str) -> None:
         await self.store.delete(key)
+        self.cache.forget(key)
 
     def _failed(self, operation: str) -> Loaded:
         """Count the failure; serve without the session's state, or fail closed."""
@@ -191,3 +211,9 @@ class Sessions:
             raise StoreUnavailable("the session store is unavailable")
         log.warning("session store unavailable, serving fail-open", extra={"op": operation})
         return Loaded(SessionState(), 0, "unavailable")
+
+
+def _with_cache(state: SessionState, unwritten: CacheUsage | None) -> SessionState:
+    if unwritten is None:
+        return state
+    return dataclasses.replace(state, prompt_cache=unwritten.plus(state.prompt_cache))

@@ -2,7 +2,8 @@
 
 A session holds the plans of a few branches of its history (an edited or branched history
 gets a plan of its own), a summary prepared ahead of time, the recent decisions, memory
-candidates and the calibration of the token counter against the upstream's own counts.
+candidates, the calibration of the token counter against the upstream's own counts and what
+the upstream's prompt cache read and wrote (`cache_usage`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 import orjson
 
 import policies
+
+from .cache_usage import CacheUsage
 
 MAX_DECISIONS = 50
 MAX_MEMORY = 20
@@ -54,6 +57,7 @@ class SessionState:
     memory: tuple[dict[str, Any], ...] = ()
     calibration: float | None = None
     pending: str | None = None  # a manual compaction asked for: its instructions ("" = none)
+    prompt_cache: CacheUsage | None = None
 
     def branch(self, chain: policies.Chain) -> Branch | None:
         """The branch that covers the longest prefix of this history."""
@@ -88,6 +92,7 @@ class SessionState:
             "memory": self.memory,
             "calibration": self.calibration,
             "pending": self.pending,
+            "prompt_cache": self.prompt_cache.to_dict() if self.prompt_cache else None,
         }
 
     def to_bytes(self) -> bytes:
@@ -101,6 +106,7 @@ class SessionState:
             raw = orjson.loads(data)
             prepared = raw.get("prepared")
             calibration = raw.get("calibration")
+            prompt_cache = raw.get("prompt_cache")
             state = cls(
                 branches=tuple(
                     Branch(policies.Plan.from_dict(b["plan"]), str(b["chain"]), float(b["used"]))
@@ -111,6 +117,7 @@ class SessionState:
                 memory=tuple(_expect(m, dict) for m in raw.get("memory") or ()),
                 calibration=None if calibration is None else _ratio(calibration),
                 pending=None if raw.get("pending") is None else _expect(raw["pending"], str),
+                prompt_cache=CacheUsage.from_dict(prompt_cache) if prompt_cache else None,
             )
             for memory in state.memory:
                 _expect(memory.get("text"), str)

@@ -29,6 +29,9 @@ class ClientRequest:
     # anthropic-version), for this request's own summary only; never stored.
     credentials: tuple[tuple[str, str], ...]
     window: int | None = None  # the context window the request's own headers open
+    # The request's headers as they go upstream (the proxy's own dropped), for its exact
+    # count call (the credential, anthropic-version and -beta); never stored.
+    headers: tuple[tuple[str, str], ...] = ()
     # Compaction is computed, stored and reported, but the client's bytes go upstream.
     shadow: bool = False
 

@@ -67,9 +67,10 @@ text under a per-fake key (``signing_key`` shares it): ``up.sign(text)`` and
 ``up.redacted_data()`` make valid blocks for hand-built histories, ``up.count(body)`` is the
 fake's ``count_tokens`` without HTTP.
 
-Behaviours come from the ``x-fake-behavior`` header, else ``up.behavior``: a comma separated
-list of ``hang``, ``slow-stream[:seconds]``, ``reset-mid-stream[:events]``,
-``error-mid-stream[:events]``, ``status:NNN``, ``tool-call``, ``redacted-thinking``, ``gzip``.
+Behaviours come from the ``x-fake-behavior`` header, else ``up.count_behavior`` for
+``count_tokens`` requests (when set), else ``up.behavior``: a comma separated list of
+``hang``, ``slow-stream[:seconds]``, ``reset-mid-stream[:events]``, ``error-mid-stream[:events]``,
+``status:NNN``, ``tool-call``, ``redacted-thinking``, ``gzip``.
 Summary requests (header ``x-compaction-summary: 1``, or a system prompt starting with
 ``SUMMARY_PROMPT_PREFIX``) are answered by the ``summarizer`` hook as in the OpenAI fake. The
 cache clock is ``time.monotonic()`` plus what ``up.advance(seconds)`` added.
@@ -1100,6 +1101,7 @@ class FakeAnthropic(FakeServer):
         self.max_output = dict(max_output or {})
         self.min_cacheable = dict(min_cacheable or {})
         self.behavior = behavior
+        self.count_behavior = ""  # count_tokens requests only: a proxy's own counts failing
         self.stream_delay = stream_delay
         self.summarizer = summarizer
         self.summary_delay = summary_delay
@@ -1176,7 +1178,9 @@ class FakeAnthropic(FakeServer):
             data = None
         self._note(request, raw, data)
         try:
-            behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
+            counting = request.path == "/v1/messages/count_tokens" and self.count_behavior
+            default = self.count_behavior if counting else self.behavior
+            behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, default))
         except ValueError as exc:
             return self._error(request, _bad(str(exc)))
         try:

@@ -97,6 +97,7 @@ policies:
     cache_breakpoints: false
     provider_compaction: serve
     shadow: true
+    exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5}}
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -175,6 +176,8 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert policy.shadow and not config.policies["cheap"].shadow
     assert config.sessions.shadow_header == "X-Shadow"
     assert policy.summarizer.request_wait_seconds == 1.5
+    assert (policy.exact_count.via, policy.exact_count.margin) == ("count_tokens", 0.2)
+    assert config.policies["cheap"].exact_count.via == "none"
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
     assert [name for name, _ in compaction.layers] == [
@@ -236,6 +239,7 @@ def test_every_setting_is_documented() -> None:
         config_module.Timeouts,
         config_module.ModelOverride,
         config_module.Summarizer,
+        config_module.ExactCount,
         config_module.Policy,
         config_module.Route,
         config_module.Admin,

@@ -427,6 +427,8 @@ def test_sessions_show_compact_and_reset_through_the_admin_api(
         assert code == 0
         assert shown["key"] == chat.key and shown["version"] == h.version(chat.key)
         assert shown["branches"][0]["plan"]["cut"] > 0
+        total = shown["prompt_cache"]["total"]  # every answer's usage, written or not yet
+        assert (total["requests"], total["prompt_tokens"]) == (chat.turns, sum(chat.usage))
 
         code, answer, _ = sessions(capsys, h.url, "compact", chat.key, "--instructions", "Keep ids")
         assert (code, answer["status"]) == (0, "compaction on the next request")

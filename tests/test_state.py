@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import Chain, Plan, Summary
+from proxy.cache_usage import CacheFigures, CacheUsage
 from proxy.state import MAX_MEMORY, MAX_MEMORY_BYTES, Branch, Prepared, SessionState
 from tests.conversations import conversations
 
@@ -45,6 +46,9 @@ memories = st.fixed_dictionaries(
         "role": st.sampled_from(["user", "assistant"]),
     }
 )
+figures = st.builds(CacheFigures, *[st.integers(0, 2**40)] * 4)
+answers = st.builds(CacheFigures, st.just(1), *[st.integers(0, 2**40)] * 3)  # one answer's
+cache_usages = st.builds(CacheUsage, answers, st.floats(0, 2e9), figures)
 states = st.builds(
     SessionState,
     branches=st.lists(branches, max_size=4).map(tuple),
@@ -54,6 +58,7 @@ states = st.builds(
     memory=st.lists(memories, max_size=3).map(tuple),
     calibration=st.none() | st.floats(0.5, 2.0),
     pending=st.none() | text,
+    prompt_cache=st.none() | cache_usages,
 )
 
 
@@ -62,7 +67,7 @@ def test_state_round_trips_through_bytes(state: SessionState) -> None:
     assert SessionState.from_bytes(state.to_bytes()) == state
 
 
-FIELDS = ("branches", "prepared", "decisions", "memory", "calibration", "pending")
+FIELDS = ("branches", "prepared", "decisions", "memory", "calibration", "pending", "prompt_cache")
 
 
 @given(st.dictionaries(st.sampled_from(FIELDS), json_values) | json_values)

@@ -42,6 +42,10 @@ def check(config: Config, source: Source) -> None:
         for seconds in ("timeout_seconds", "request_wait_seconds"):
             if getattr(policy.summarizer, seconds) <= 0:
                 p(("policies", name, "summarizer", seconds), "must be positive")
+        if not 0 < policy.exact_count.margin <= 1:
+            p(("policies", name, "exact_count", "margin"), "must be above 0 and at most 1")
+        if policy.exact_count.timeout_seconds <= 0:
+            p(("policies", name, "exact_count", "timeout_seconds"), "must be positive")
     if config.default_policy not in config.policies:
         p(("default_policy",), f"names no policy: {config.default_policy!r}")
     _check_routes(config, p)

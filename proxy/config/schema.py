@@ -182,6 +182,16 @@ class Summarizer:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExactCount:
+    """The upstream's exact count of what is sent, asked for when the estimate is near the
+    compaction level, on APIs that have a count endpoint (Anthropic's count_tokens)."""
+
+    via: Literal["none", "count_tokens"] = "none"
+    margin: float = 0.15  # near: within this fraction of the compaction level, either side
+    timeout_seconds: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     """A named policy: the engine's policy (levels, protection, anchors, layers), the
     summarizer that writes its summaries and how the view is marked for prompt caches. In
@@ -197,6 +207,7 @@ class Policy:
     # Compute, store and report what compaction would do, but forward the client's request
     # unchanged (a rollout that only observes).
     shadow: bool = False
+    exact_count: ExactCount = ExactCount()
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )

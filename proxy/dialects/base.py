@@ -144,6 +144,15 @@ class Dialect(ABC):
         start (preferred to the tail's when both are there). Others never do."""
         return None
 
+    def count_body(self, body: bytes) -> bytes:
+        """The request to the API's count endpoint (`count_path`) for the request `body`: the
+        fields that make up the prompt. Only dialects with a `count_path` have it."""
+        raise NotImplementedError(f"{self.name} has no count endpoint")
+
+    def counted(self, payload: bytes) -> int | None:
+        """The prompt tokens in the count endpoint's answer (None: not a count)."""
+        raise NotImplementedError(f"{self.name} has no count endpoint")
+
     def window(self, headers: Mapping[str, str]) -> int | None:
         """The context window the request's own headers open, when they set one."""
         return None

@@ -50,6 +50,14 @@ LONG_CONTEXT_BETA = "context-1m-"
 LONG_CONTEXT_WINDOW = 1_000_000
 TOOL_USE_SYSTEM_TOKENS = 346  # the tool-use system prompt Anthropic adds (its pricing docs)
 OAUTH_PREFIX = "sk-ant-oat"  # a subscription's token (Claude Code signed in with an account)
+# What count_tokens takes of a Messages request (the API refuses any other field): the prompt
+# and what changes its count, not how to answer it. The last two are beta fields.
+COUNT_FIELDS = frozenset(
+    {
+        *("model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control"),
+        *("output_config", "speed", "context_management", "mcp_servers"),
+    }
+)
 
 
 class Messages(Dialect):
@@ -215,6 +223,17 @@ class Messages(Dialect):
 
     def stream_start_usage(self, head: bytes) -> Usage | None:
         return _event_usage(head, b"message_start", reverse=False)
+
+    def count_body(self, body: bytes) -> bytes:
+        fields = orjson.loads(body)
+        return orjson.dumps({k: v for k, v in fields.items() if k in COUNT_FIELDS})
+
+    def counted(self, payload: bytes) -> int | None:
+        try:
+            tokens = orjson.loads(payload).get("input_tokens")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return tokens if type(tokens) is int and tokens > 0 else None
 
     def window(self, headers: Mapping[str, str]) -> int | None:
         betas = headers.get("anthropic-beta", "")
