@@ -37,8 +37,8 @@ class Memo(Generic[V]):
     messages (a new working set) never freeze it.
 
     With `max_bytes`, the keys are bytes (a message's own JSON) and a generation also ends when
-    its keys reach half of it: the memo then holds at most `max_bytes` of keys, one entry's
-    more at most, beside at most `size` entries.
+    its keys reach half of it: the memo then holds less than `max_bytes` of keys and two keys
+    more, beside at most `size` entries.
     """
 
     def __init__(self, size: int, *, max_bytes: int | None = None) -> None:
@@ -110,11 +110,15 @@ class Memo(Generic[V]):
         # follow a new generation (whose look-ups move what they find into it).
         found: list[V | None] = list(map(self._recent.get, keys))
         generations = self._generations
-        if None not in found:
+        try:
+            first = found.index(None)
+        except ValueError:
             self.hits += len(found)
             return found  # type: ignore[return-value]
+        self.hits += first
         get = self.get
-        for i, hit in enumerate(found):
+        for i in range(first, len(found)):
+            hit = found[i]
             if hit is None or self._generations != generations:
                 found[i] = get(values[i], make, keys[i])
             else:
