@@ -1,7 +1,9 @@
 """Chat completions (`POST /v1/chat/completions`): the engine's own canonical form.
 
 Each message is one native item, so a view maps back one to one; only the fields compaction
-reads are checked (everything else is the upstream's to judge, in its own words).
+reads are checked (everything else is the upstream's to judge, in its own words). The native
+items are the client's bytes of each message (`raw_items`): a message sent before is looked up
+by them, not parsed and checked again, and goes upstream as them when the view leaves it alone.
 """
 
 from __future__ import annotations
