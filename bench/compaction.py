@@ -181,10 +181,13 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
     proxy = Proxy(config, store, UpstreamClient(metrics), metrics)
     compactor = proxy.compactor
     raw = orjson.dumps({"model": MODEL, **body})
-    # The next turns: the same history and a new user message each.
-    turns = iter(
-        [orjson.dumps({"model": MODEL, **body, field: [*items, _asking(i)]}) for i in range(runs)]
-    )
+    # The next turns: the history grows by a user message each.
+    asked: list[dict[str, Any]] = []
+    bodies = []
+    for turn in range(runs):
+        asked.append(_asking(turn))
+        bodies.append(orjson.dumps({"model": MODEL, **body, field: [*items, *asked]}))
+    turns = iter(bodies)
     plain = request_of(config, LARGE_MODEL, dialect, body)  # under every level: forwarded as is
     replay = request_of(config, MODEL, dialect, body)  # over MODEL's compact level: a plan
     canonical = replay.messages
@@ -216,7 +219,7 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("JSON parse alone (orjson.loads)", lambda: orjson.loads(raw)),
         ("parse", lambda: dialect.parse(raw)),
-        ("parse, a new user message each", lambda: dialect.parse(next(turns))),
+        ("parse, a new user message each turn", lambda: dialect.parse(next(turns))),
     ]
     if isinstance(dialect, Chat):
         steps.append(("parse, whole body (as before)", lambda: dialect.parse_whole(raw)))

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.dialects.chat import Chat
-from proxy.dialects.raw_items import KnownItems
+from proxy.dialects.raw_items import KnownBodies, KnownItems
 from proxy.errors import InvalidRequest
 from proxy.memo import content_keys
 
@@ -176,3 +176,87 @@ def test_keys_of_a_split_body_are_the_hashes_of_the_bytes_of_its_messages() -> N
     parsed = chat.parse(raw)
     assert parsed.keys == [hash(b'{"role": "user",  "content": "hi"}')]
     assert parsed.keys != content_keys(parsed.messages)
+
+
+def same_reading(chat: Chat, raw: bytes) -> None:
+    """`chat.parse(raw)` is what the whole-body path makes of it, or the same 400."""
+    try:
+        whole = chat.parse_whole(raw)
+    except InvalidRequest as refused:
+        with pytest.raises(InvalidRequest) as caught:
+            chat.parse(raw)
+        assert (caught.value.message, caught.value.param) == (refused.message, refused.param)
+        return
+    parsed = chat.parse(raw)
+    assert parsed.body == whole.body == orjson.loads(raw)
+    assert parsed.messages == whole.messages
+    forwarded = chat.body_with(parsed, list(parsed.items))
+    sent = msgspec.json.decode(forwarded, type=dict[str, msgspec.Raw])["messages"]
+    assert [bytes(span) for span in msgspec.json.decode(sent, type=list[msgspec.Raw])] == list(
+        parsed.items
+    )
+    assert parsed.keys == [hash(span) for span in parsed.items]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(messages, min_size=1, max_size=3), min_size=2, max_size=6),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.booleans(),
+    st.lists(st.dictionaries(st.sampled_from(["stream", "user", "max_tokens"]), scalars)),
+)
+def test_a_next_turn_is_read_from_where_the_last_body_ended(
+    turns: list[list[dict[str, Any]]],
+    separators: tuple[str, str],
+    ascii_only: bool,
+    after: list[dict[str, Any]],
+) -> None:
+    """A client resends its history with new messages at the end (and fields after them that
+    may change): from the second turn on only what follows the known body is read, and the
+    result is the whole-body path's."""
+    chat = Chat()
+    chat.known.bodies = KnownBodies(head=16)
+    history: list[dict[str, Any]] = []
+    for turn, extra in zip(turns, after + [{}] * len(turns), strict=False):
+        seen = len(history)
+        history += turn
+        body = {"model": "gpt-4o", "messages": history, **extra}
+        raw = json.dumps(body, separators=separators, ensure_ascii=ascii_only).encode()
+        known = chat.known.bodies.find(raw)
+        if seen and len(json.dumps({"model": "gpt-4o"})) < len(raw):
+            assert known is not None
+            assert known.split.items == orjson.loads(raw)["messages"][:seen]
+        same_reading(chat, raw)
+
+
+LAST = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 300 + b'"}'
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"]}",  # the same body again
+        b', {"role": "assistant", "content": "y"}]}',
+        b' ,\n {"role": "assistant"} ] , "stream": true}',
+        b", ]}",  # a trailing comma
+        b", , {}]}",
+        b"]",  # cut off
+        b"]} x",  # something after the body
+        b', {"role": "user"}], "messages": [{"role": "user"}]}',  # named again: the last wins
+        b', {"role": "user"}], "": 1}',
+        b', {"role": "user", "content": "\xff"}]}',  # not UTF-8
+        b', {"role": "user", "content": "\\ud800"}]}',
+        b', {"role": 3}]}',
+        b', {"role": "user", "content": ' + b"[" * 98 + b"]" * 98 + b"}]}",  # too deep
+        b', {"role": "user"}], "x": ' + b"[" * 100 + b"]" * 100 + b"}",
+        b', {"role": "user"}], "model": ""}',  # the model named again, empty
+        b', {"role": "user"}], "max_tokens": "2"}',
+        b"\t]\r}",
+        b"]\x0b}",  # not JSON whitespace
+    ],
+)
+def test_what_follows_a_known_body_is_read_as_the_whole_body_path_reads_it(tail: bytes) -> None:
+    chat = Chat()
+    chat.parse(LAST + b"]}")
+    assert chat.known.bodies.find(LAST + tail) is not None
+    same_reading(chat, LAST + tail)

@@ -27,6 +27,7 @@ _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 # What splitting a body that is not plain valid JSON may raise (a key that is not UTF-8 is a
 # UnicodeDecodeError, a deep one a RecursionError).
 _UNSPLIT = (msgspec.MsgspecError, ValueError, RecursionError)
+_WHITESPACE = b" \t\n\r"  # JSON's (bytes.strip's default strips more)
 
 
 class Split(NamedTuple):
@@ -41,10 +42,16 @@ class Split(NamedTuple):
 
 class KnownItems:
     """The items of conversations already read, each by its exact bytes (so an entry is never
-    returned for other bytes), decoded and checked.
+    returned for other bytes), decoded and checked; and the bodies read last, by their bytes
+    up to the end of their conversation's last item.
+
+    A client's next turn is its last body with new items at the end of the conversation: when
+    a body begins with the bytes of a body read before, up to the end of that one's last item,
+    only what follows is split and read (`KnownBodies`), and the history costs one comparison
+    of bytes.
 
     Bounded: at most `size` items and about `max_bytes` of their JSON (`proxy.memo.Memo`);
-    their decoded form takes about twice as much memory again.
+    their decoded form takes about twice as much memory again; and `KnownBodies`' bound.
     """
 
     def __init__(
@@ -52,27 +59,81 @@ class KnownItems:
     ) -> None:
         self.accepts = accepts  # whether the dialect's checks pass an item
         self.memo: Memo[Any] = Memo(size, max_bytes=max_bytes)
+        self.bodies = KnownBodies()
 
     def split(self, raw: bytes, field: str) -> Split | None:
         """The body, its conversation in `field` split into items; None when the dialect's
         whole-body path must read it (it is not a JSON object with a model and a list in
         `field`, or it holds anything that path would refuse)."""
         try:
-            fields = _FIELDS.decode(raw)
-            conversation = fields.pop(field, None)
-            if conversation is None:
-                return None
-            body = {name: _value(value, MAX_DEPTH - 1) for name, value in fields.items()}
-            model = body.get("model")
-            if not isinstance(model, str) or not model:
-                return None
-            spans = list(map(bytes, _ITEMS.decode(conversation)))
-            items = self.memo.each(spans, self._read, spans)
+            known = self.bodies.find(raw)
+            if known is not None:
+                split = self._after(raw, field, known)
+                if split is not None:
+                    return split
+            return self._whole(raw, field)
         except (*_UNSPLIT, orjson.JSONDecodeError, _Refused):
             return None
+
+    def _whole(self, raw: bytes, field: str) -> Split | None:
+        fields = _FIELDS.decode(raw)
+        conversation = fields.pop(field, None)
+        if conversation is None:
+            return None
+        body = _values(fields)
+        array = bytes(conversation)
+        spans = list(map(bytes, _ITEMS.decode(array)))
+        split = self._split(body, field, None, spans)
+        if split is not None and spans:
+            start = raw.find(array)
+            if start >= 0 and raw.find(array, start + 1) < 0:  # where the conversation is
+                before = _FIELDS.decode(raw[:start] + b"null}")
+                before.pop(field)
+                end = start + len(array[:-1].rstrip(_WHITESPACE))
+                self.bodies.add(_Known(raw[:end], _values(before), split))
+        return split
+
+    def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
+        """`raw` read as `known`'s body with the items after its last one, or None when it is
+        not that (the conversation named again after it, an item that is not one)."""
+        rest = raw[len(known.prefix) :].lstrip(_WHITESPACE)
+        if rest[:1] == b",":
+            rest = rest[1:]
+            if rest.lstrip(_WHITESPACE)[:1] in (b"]", b","):
+                return None  # not JSON: the whole-body path says why
+        elif rest[:1] != b"]":
+            return None
+        if b'""' in rest:
+            return None  # "" is the stand-in name below: a body that has it is read whole
+        # The items after the known ones, and the fields after the conversation: the rest of
+        # the body as an object whose first field holds them.
+        document = b'{"":[' + rest
+        fields = _FIELDS.decode(document)
+        array = bytes(fields.pop(""))
+        if field in fields or not document.startswith(b'{"":' + array):
+            return None
+        spans = list(map(bytes, _ITEMS.decode(array)))
+        split = self._split({**known.before, **_values(fields)}, field, known.split, spans)
+        if split is not None and spans:
+            end = len(raw) - len(rest) + len(array[:-1].rstrip(_WHITESPACE)) - 1
+            self.bodies.replace(known, _Known(raw[:end], known.before, split))
+        return split
+
+    def _split(
+        self, body: dict[str, Any], field: str, known: Split | None, spans: list[bytes]
+    ) -> Split | None:
+        """The body with its conversation: the items of `known` (if any) followed by those of
+        `spans`."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return None
+        items = self.memo.each(spans, self._read, spans)
         # The dict look-ups above hashed every span; bytes keep their hash.
+        keys = list(map(hash, spans))
+        if known is not None:
+            items, spans, keys = known.items + items, known.raw + spans, known.keys + keys
         body[field] = items
-        return Split(body, items, spans, list(map(hash, spans)))
+        return Split(body, items, spans, keys)
 
     def _read(self, span: bytes) -> Any:
         """A new item, read as the whole-body path reads it: parsed, no deeper than the body
@@ -83,8 +144,66 @@ class KnownItems:
         return item
 
 
+class _Known(NamedTuple):
+    """A body read: its bytes up to the end of its conversation's last item, the fields
+    before the conversation, and what it was read as."""
+
+    prefix: bytes
+    before: dict[str, Any]
+    split: Split
+
+
+class KnownBodies:
+    """The bodies read last, found by their first `head` bytes (several sessions may begin
+    alike: a shared system prompt), at most `per_head` a head and about `max_bytes` of their
+    bytes in all, the least recently used dropped first."""
+
+    def __init__(self, *, head: int = 256, per_head: int = 8, max_bytes: int = 8 << 20) -> None:
+        self.head = head
+        self.per_head = per_head
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._by_head: dict[bytes, list[_Known]] = {}
+
+    def find(self, raw: bytes) -> _Known | None:
+        """A body `raw` begins with, up to the end of its last item (and goes on after)."""
+        found = self._by_head.get(raw[: self.head])
+        for known in found or ():
+            if len(known.prefix) < len(raw) and raw.startswith(known.prefix):
+                return known
+        return None
+
+    def add(self, known: _Known) -> None:
+        if len(known.prefix) < self.head:
+            return
+        head = known.prefix[: self.head]
+        bodies = self._by_head.pop(head, [])  # back in, as the most recently used
+        bodies.insert(0, known)
+        self.held += len(known.prefix)
+        for dropped in bodies[self.per_head :]:
+            self.held -= len(dropped.prefix)
+        self._by_head[head] = bodies[: self.per_head]
+        while self.held > self.max_bytes and len(self._by_head) > 1:
+            oldest = next(iter(self._by_head))
+            self.held -= sum(len(k.prefix) for k in self._by_head.pop(oldest))
+
+    def replace(self, old: _Known, new: _Known) -> None:
+        """`new`, a later turn of `old`'s body, in its place."""
+        head = old.prefix[: self.head]
+        bodies = self._by_head.get(head, [])
+        if any(known is old for known in bodies):
+            self._by_head[head] = [known for known in bodies if known is not old]
+            self.held -= len(old.prefix)
+        self.add(new)
+
+
 class _Refused(Exception):
     """An item the dialect's checks refuse: its whole-body path says why."""
+
+
+def _values(fields: dict[str, msgspec.Raw]) -> dict[str, Any]:
+    """Top-level fields, each nesting no deeper than the body may (itself the second level)."""
+    return {name: _value(value, MAX_DEPTH - 1) for name, value in fields.items()}
 
 
 def _value(raw: msgspec.Raw | bytes, limit: int) -> Any:
