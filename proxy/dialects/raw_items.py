@@ -1,10 +1,12 @@
 """A body read as its fields and the client's own bytes of each item of its conversation.
 
 Clients resend the whole conversation on every turn. Parsing, checking and hashing each item
-again would cost in proportion to the history; instead msgspec splits the body (it skips over
-each item, keeping its bytes), each item is looked up by those exact bytes among the items
-already read and checked, and only the new ones are parsed (orjson) and checked. An untouched
-item then goes upstream as those same bytes (`orjson.Fragment`).
+again would cost in proportion to the history. Instead: a body that begins with the bytes of
+a body read before, up to the end of that one's last item (the client's last turn), has only
+what follows read (`KnownBodies`); any other is split by msgspec (it skips over each item,
+keeping its bytes), and each item looked up by those exact bytes among the items already read
+and checked. Only new items are parsed (orjson) and checked. An untouched item then goes
+upstream as those same bytes (`orjson.Fragment`).
 
 What this path cannot read it leaves to the dialect's whole-body path (`load_object` and the
 checks of every item), which gives the same 400 as ever: a split is only ever a faster way to
@@ -158,7 +160,7 @@ class KnownBodies:
     alike: a shared system prompt), at most `per_head` a head and about `max_bytes` of their
     bytes in all, the least recently used dropped first."""
 
-    def __init__(self, *, head: int = 256, per_head: int = 8, max_bytes: int = 8 << 20) -> None:
+    def __init__(self, *, head: int = 256, per_head: int = 32, max_bytes: int = 8 << 20) -> None:
         self.head = head
         self.per_head = per_head
         self.max_bytes = max_bytes
