@@ -260,3 +260,19 @@ def test_what_follows_a_known_body_is_read_as_the_whole_body_path_reads_it(tail:
     chat.parse(LAST + b"]}")
     assert chat.known.bodies.find(LAST + tail) is not None
     same_reading(chat, LAST + tail)
+
+
+@pytest.mark.parametrize("place", ["before", "after"])
+def test_a_body_that_holds_its_conversation_twice_is_read_as_the_whole_body_path_reads_it(
+    place: str,
+) -> None:
+    """The same array of messages in another field too: where the conversation is cannot be
+    told from its bytes, and the next turn is read all the same."""
+    chat = Chat()
+    history = [{"role": "user", "content": "x" * 300}]
+    for turn in range(3):
+        array = json.dumps(history)
+        fields = [f'"x": {array}', f'"messages": {array}', '"model": "m"']
+        raw = ("{" + ", ".join(fields if place == "before" else fields[::-1]) + "}").encode()
+        same_reading(chat, raw)
+        history.append({"role": "assistant", "content": f"step {turn}"})

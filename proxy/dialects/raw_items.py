@@ -86,13 +86,12 @@ class KnownItems:
         array = bytes(conversation)
         spans = list(map(bytes, _ITEMS.decode(array)))
         split = self._split(body, field, None, spans)
-        if split is not None and spans:
-            start = raw.find(array)
-            if start >= 0 and raw.find(array, start + 1) < 0:  # where the conversation is
-                before = _FIELDS.decode(raw[:start] + b"null}")
-                before.pop(field)
-                end = start + len(array[:-1].rstrip(_WHITESPACE))
-                self.bodies.add(_Known(raw[:end], _values(before), split))
+        start = _only(array, raw) if split is not None and spans else None
+        if split is not None and start is not None:  # where the conversation is
+            before = _FIELDS.decode(raw[:start] + b"null}")
+            before.pop(field)
+            end = start + len(array[:-1].rstrip(_WHITESPACE))
+            self.bodies.add(_Known(raw[:end], _values(before), split))
         return split
 
     def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
@@ -201,6 +200,18 @@ class KnownBodies:
 
 class _Refused(Exception):
     """An item the dialect's checks refuse: its whole-body path says why."""
+
+
+def _only(part: bytes, whole: bytes) -> int | None:
+    """Where `part` is in `whole`, when it is there once."""
+    # Found by its first bytes, then compared in place: finding a long needle costs more.
+    head, found = part[:64], list[int]()
+    at = whole.find(head)
+    while at >= 0 and len(found) < 2:
+        if whole.startswith(part, at):
+            found.append(at)
+        at = whole.find(head, at + 1)
+    return found[0] if len(found) == 1 else None
 
 
 def _values(fields: dict[str, msgspec.Raw]) -> dict[str, Any]:
