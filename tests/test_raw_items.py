@@ -204,18 +204,21 @@ def same_reading(chat: Chat, raw: bytes) -> None:
     st.sampled_from([(",", ":"), (", ", ": ")]),
     st.booleans(),
     st.lists(st.dictionaries(st.sampled_from(["stream", "user", "max_tokens"]), scalars)),
+    st.sampled_from([8 << 20, 300]),
 )
 def test_a_next_turn_is_read_from_where_the_last_body_ended(
     turns: list[list[dict[str, Any]]],
     separators: tuple[str, str],
     ascii_only: bool,
     after: list[dict[str, Any]],
+    max_bytes: int,
 ) -> None:
     """A client resends its history with new messages at the end (and fields after them that
     may change): from the second turn on only what follows the known body is read, and the
-    result is the whole-body path's."""
+    result is the whole-body path's; the bodies kept stay within their bound (or the one read
+    last, when it alone is larger)."""
     chat = Chat()
-    chat.known.bodies = KnownBodies(head=16)
+    chat.known.bodies = KnownBodies(head=16, max_bytes=max_bytes)
     history: list[dict[str, Any]] = []
     for turn, extra in zip(turns, after + [{}] * len(turns), strict=False):
         seen = len(history)
@@ -223,10 +226,11 @@ def test_a_next_turn_is_read_from_where_the_last_body_ended(
         body = {"model": "gpt-4o", "messages": history, **extra}
         raw = json.dumps(body, separators=separators, ensure_ascii=ascii_only).encode()
         known = chat.known.bodies.find(raw)
-        if seen and len(json.dumps({"model": "gpt-4o"})) < len(raw):
+        if seen and len(raw) <= max_bytes:
             assert known is not None
             assert known.split.items == orjson.loads(raw)["messages"][:seen]
         same_reading(chat, raw)
+        assert chat.known.bodies.held <= max(max_bytes, len(raw))
 
 
 LAST = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 300 + b'"}'

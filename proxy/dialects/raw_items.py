@@ -156,8 +156,8 @@ class _Known(NamedTuple):
 
 class KnownBodies:
     """The bodies read last, found by their first `head` bytes (several sessions may begin
-    alike: a shared system prompt), at most `per_head` a head and about `max_bytes` of their
-    bytes in all, the least recently used dropped first."""
+    alike: a shared system prompt), at most `per_head` a head and `max_bytes` of their bytes
+    in all (or the one body read last, if larger), the least recently used dropped first."""
 
     def __init__(self, *, head: int = 256, per_head: int = 32, max_bytes: int = 8 << 20) -> None:
         self.head = head
@@ -184,9 +184,14 @@ class KnownBodies:
         for dropped in bodies[self.per_head :]:
             self.held -= len(dropped.prefix)
         self._by_head[head] = bodies[: self.per_head]
-        while self.held > self.max_bytes and len(self._by_head) > 1:
+        while self.held > self.max_bytes:  # the least recently used out, but for this body
             oldest = next(iter(self._by_head))
-            self.held -= sum(len(k.prefix) for k in self._by_head.pop(oldest))
+            others = self._by_head[oldest]
+            if others == [known]:
+                break
+            self.held -= len(others.pop().prefix)
+            if not others:
+                del self._by_head[oldest]
 
     def replace(self, old: _Known, new: _Known) -> None:
         """`new`, a later turn of `old`'s body, in its place."""
