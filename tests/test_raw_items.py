@@ -280,3 +280,14 @@ def test_a_body_that_holds_its_conversation_twice_is_read_as_the_whole_body_path
         raw = ("{" + ", ".join(fields if place == "before" else fields[::-1]) + "}").encode()
         same_reading(chat, raw)
         history.append({"role": "assistant", "content": f"step {turn}"})
+
+
+def test_an_empty_string_after_a_known_body_is_read_from_where_it_ended() -> None:
+    """Only a field named "" (the split's stand-in name) sends the rest to be read whole."""
+    chat = Chat()
+    chat.parse(LAST + b"]}")
+    reply = LAST + b', {"role": "assistant", "content": ""}'
+    same_reading(chat, reply + b'], "user": ""}')
+    known = chat.known.bodies.find(reply + b"]}")
+    assert known is not None and known.prefix == reply
+    same_reading(chat, reply + b', {"role": "user"}], "" : 1}')

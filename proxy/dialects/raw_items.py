@@ -15,6 +15,7 @@ the result of that path, never a different one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -30,6 +31,9 @@ _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 # UnicodeDecodeError, a deep one a RecursionError).
 _UNSPLIT = (msgspec.MsgspecError, ValueError, RecursionError)
 _WHITESPACE = b" \t\n\r"  # JSON's (bytes.strip's default strips more)
+# A field named "" (only a name is followed by a colon; a string ending in an escaped quote
+# may match too, and is then read whole).
+_EMPTY_NAME = re.compile(rb'""[ \t\n\r]*:')
 
 
 class Split(NamedTuple):
@@ -104,14 +108,13 @@ class KnownItems:
                 return None  # not JSON: the whole-body path says why
         elif rest[:1] != b"]":
             return None
-        if b'""' in rest:
+        if _EMPTY_NAME.search(rest):
             return None  # "" is the stand-in name below: a body that has it is read whole
         # The items after the known ones, and the fields after the conversation: the rest of
         # the body as an object whose first field holds them.
-        document = b'{"":[' + rest
-        fields = _FIELDS.decode(document)
+        fields = _FIELDS.decode(b'{"":[' + rest)
         array = bytes(fields.pop(""))
-        if field in fields or not document.startswith(b'{"":' + array):
+        if field in fields:
             return None
         spans = list(map(bytes, _ITEMS.decode(array)))
         split = self._split({**known.before, **_values(fields)}, field, known.split, spans)
