@@ -35,6 +35,8 @@ class Parsed:
     upstream, e.g. `previous_response_id`): such a request is forwarded unchanged.
     `keys` is each message's content key for the per-message memos (`proxy.memo`), when the
     dialect has one cheaper than `content_keys` (the hash of the client's bytes of it).
+    The messages (and `body`'s values) may be shared with other requests, memoised by their
+    bytes (`raw_items`): nothing may change them in place.
     """
 
     raw: bytes
