@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -34,8 +35,9 @@ from common import as_responses_items, free_port, long_history, machine, percent
 import policies
 from proxy.app import Proxy
 from proxy.config import Config, Policy, load, loads
-from proxy.dialects import Dialect
+from proxy.dialects import Dialect, Parsed
 from proxy.dialects.chat import Chat
+from proxy.dialects.raw_items import KnownBodies
 from proxy.dialects.responses import Responses
 from proxy.memo import content_keys
 from proxy.metrics import Metrics
@@ -168,21 +170,29 @@ def request_of(config: Config, model: str, dialect: Dialect, body: dict[str, Any
 async def bench_request(runs: int, dialect: Dialect) -> list[str]:
     """`dialect`'s request of the long history: chat messages, or Codex-like Responses items."""
     messages = long_history(REQUEST_TOKENS, MODEL)
-    body = (
-        {"messages": messages}
+    field, items = (
+        ("messages", messages)
         if dialect.name == "chat"
-        else {"input": as_responses_items(messages), "instructions": "You are Codex."}
+        else ("input", as_responses_items(messages))
     )
+    body = {field: items} if dialect.name == "chat" else {field: items, "instructions": "Codex."}
     store = MemoryStore(ttl_seconds=3600)
     config = proxy_config()
     metrics = Metrics()
     proxy = Proxy(config, store, UpstreamClient(metrics), metrics)
     compactor = proxy.compactor
     raw = orjson.dumps({"model": MODEL, **body})
+    # The next turns: the history grows by a user message each.
+    asked: list[dict[str, Any]] = []
+    bodies = []
+    for turn in range(runs):
+        asked.append(_asking(turn))
+        bodies.append(orjson.dumps({"model": MODEL, **body, field: [*items, *asked]}))
+    turns = iter(bodies)
     plain = request_of(config, LARGE_MODEL, dialect, body)  # under every level: forwarded as is
     replay = request_of(config, MODEL, dialect, body)  # over MODEL's compact level: a plan
     canonical = replay.messages
-    keys = content_keys(canonical)
+    keys = replay.parsed.keys or content_keys(canonical)
     counter = proxy.limits.limits(MODEL).counter
 
     async def prepare(request: ClientRequest, *actions: str) -> None:
@@ -195,33 +205,56 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
         assert record is not None
         SessionState.from_bytes(record.data)
 
+    async def replayed_turn() -> None:
+        parsed = dialect.parse(raw)
+        await prepare(dataclasses.replace(replay, parsed=parsed), "replayed")
+
     # The first turn of the replayed session compacts it (its summarizer is unreachable: the
     # digest stands in) and stores the plan; later turns only apply it.
     await prepare(replay, "compacted", "degraded")
     await prepare(plain, "none")  # counts cached, as after the session's first request
     await prepare(replay, "replayed")
-    items = len(replay.parsed.items)
-    lines = [
-        f"{dialect.name}: a request of {items} items ({len(canonical)} messages), "
-        f"{counter.count(canonical)} tokens, not compacted (memory store):",
-        f"{'':34} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8}",
-        f"{'JSON parse alone (orjson.loads)':34} "
-        f"{ms(await timed(lambda: orjson.loads(raw), runs))}",
-        f"{'parse (json, checks, mapping)':34} {ms(await timed(lambda: dialect.parse(raw), runs))}",
-        f"{'content keys (one dumps+hash each)':34} "
-        f"{ms(await timed(lambda: content_keys(canonical), runs))}",
-        f"{'chain (memoised digests)':34} "
-        f"{ms(await timed(lambda: compactor.digests(canonical, keys), runs))}",
-        f"{'counts (cached)':34} {ms(await timed(lambda: counter.counts(canonical, keys), runs))}",
-        f"{'store get + parse':34} {ms(await timed(get, runs))}",
-        f"{'Compactor.prepare, action none':34} "
-        f"{ms(await timed(lambda: prepare(plain, 'none'), runs))}",
-        f"{'Compactor.prepare, action replayed':34} "
-        f"{ms(await timed(lambda: prepare(replay, 'replayed'), runs))}",
+    entries = await compactor.view(replay)
+    assert entries is not None
+    count = len(replay.parsed.items)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("JSON parse alone (orjson.loads)", lambda: orjson.loads(raw)),
+        ("parse", lambda: dialect.parse(raw)),
+        ("parse, a new user message each turn", lambda: dialect.parse(next(turns))),
     ]
+    if isinstance(dialect, Chat):
+
+        def by_messages() -> Parsed:
+            dialect.known.bodies = KnownBodies()  # the body unknown, its messages known
+            return dialect.parse(raw)
+
+        steps.append(("parse, only the messages known", by_messages))
+        steps.append(("parse, whole body (as before)", lambda: dialect.parse_whole(raw)))
+    if replay.parsed.keys is None:
+        steps.append(("content keys (one dumps+hash each)", lambda: content_keys(canonical)))
+    steps += [
+        ("chain (memoised digests)", lambda: compactor.digests(canonical, keys)),
+        ("counts (cached)", lambda: counter.counts(canonical, keys)),
+        ("store get + parse", get),
+        ("render the replayed view", lambda: dialect.render(replay.parsed, entries)),
+        ("Compactor.prepare, action none", lambda: prepare(plain, "none")),
+        ("Compactor.prepare, action replayed", lambda: prepare(replay, "replayed")),
+        ("parse + prepare, replayed", replayed_turn),
+    ]
+    lines = [
+        f"{dialect.name}: a request of {count} items ({len(canonical)} messages), "
+        f"{counter.count(canonical)} tokens, not compacted (memory store):",
+        f"{'':36} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8}",
+    ]
+    for name, step in steps:
+        lines.append(f"{name:36} {ms(await timed(step, runs))}")
     await proxy.prepared.close()
     await proxy.client.close()
     return lines
+
+
+def _asking(turn: int) -> dict[str, Any]:
+    return {"role": "user", "content": f"Go on with step {turn}."}
 
 
 async def main() -> None:

@@ -11,8 +11,9 @@
    `MEMORY USAGE` of the session's keys: its state (the plans, the summary prepared ahead,
    decisions, memory candidates, calibration), its fence, and its lock while held.
 2. RSS with N sessions in the memory store. A process builds the proxy as `serve` does
-   (create_app, tokenizer loaded), fills its two memos to their bound, then stores N copies
-   (each its own bytes) of that session's state, with a calibration each: VmRSS at each step.
+   (create_app, tokenizer loaded), fills its memos to their bound (token counts, digests, chat's
+   messages read), then stores N copies (each its own bytes) of that session's state, with a
+   calibration each: VmRSS at each step.
 3. The memos. Requests of K sessions of ~1,000 messages each (none compacted), in turn, through
    `Compactor.prepare`: the memos' hit rate and the time per request once every session was
    seen, for K around the memos' bound.
@@ -182,6 +183,13 @@ upstreams:
     keys = content_keys(messages)
     counter.counts(messages, keys)
     proxy.compactor.digests(messages, keys)
+    # Chat's memo of the messages it read, by their bytes, at its bound.
+    chat = next(handler.dialect for handler in proxy.handlers if isinstance(handler.dialect, Chat))
+    bound, fed = chat.known.memo.max_bytes or 0, 0
+    while fed < 2 * bound:  # both generations full of distinct messages
+        body = orjson.dumps({"model": MODEL, "messages": [_tagged(m, fed) for m in base]})
+        chat.parse(body)
+        fed += len(body)
     rss("memos full")
     store = proxy.store
     assert isinstance(store, MemoryStore)
@@ -190,7 +198,7 @@ upstreams:
         for i in range(start, end):
             key = session_key("bench", str(i))
             await store.compare_and_set(key, 0, bytearray(state))
-            proxy.calibration.observe(key, 1050, 1000)
+            proxy.calibration.observe(key, 1050, 1000, exact=True)
 
     done = 0
     for count in counts:

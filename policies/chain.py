@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.conversation import is_system
+from policies.conversation import SYSTEM_ROLES
 from policies.message import call_arguments, call_name, tool_calls
 
 DIGEST_SIZE = 8
@@ -61,7 +61,10 @@ class Chain:
         """The chain of the non-system `messages`; `digests` gives each message's digest
         (the proxy passes one that memoises them)."""
         found = digests(messages)
-        return cls([d for m, d in zip(messages, found, strict=True) if not is_system(m)])
+        # is_system inlined: this runs over every message of every request.
+        return cls(
+            [d for m, d in zip(messages, found, strict=True) if m.get("role") not in SYSTEM_ROLES]
+        )
 
     def __len__(self) -> int:
         return len(self.digests)

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.conversation import is_system
+from policies.conversation import SYSTEM_ROLES
 from policies.message import Message, call_arguments, call_function
 from policies.summary import Summary
 
@@ -124,8 +124,9 @@ def render_entries(
         entries.extend(enumerate(messages))
         return entries
     position = 0
+    edits = plan.edits
     for index, message in enumerate(messages):
-        if is_system(message):
+        if message.get("role") in SYSTEM_ROLES:  # is_system: this runs over every message
             entries.append((index, message))
             continue
         position += 1
@@ -134,7 +135,7 @@ def render_entries(
         if header is not None:
             entries.append((None, header))
             header = None
-        edit = plan.edits.get(position - 1, message)
+        edit = edits.get(position - 1, message) if edits else message
         if edit is not None:
             entries.append((index, edit if edit is message else applied_edit(edit, message)))
     if header is not None:

@@ -113,8 +113,7 @@ class Compactor:
         turn = await self._turn(request)
         tokens_before = turn.tokens_before
         entries = self._entries(turn)
-        view = [m for _, m in entries] if entries is not None else None
-        tokens = tokens_before if view is None else turn.tokens(view)
+        tokens = tokens_before if entries is None else turn.tokens(entries)
         pending = turn.loaded.state.pending
         if not turn.budget.usable or request.parsed.opaque_reason is not None:
             # max_tokens leaves no room for a prompt: compacting would strip the session to
@@ -171,7 +170,7 @@ class Compactor:
         ratio = self.calibration.effective(request.key, loaded.state.calibration, exact=exact)
         budget = self._budget(request, limits, ratio)
         messages = request.messages
-        keys = content_keys(messages)
+        keys = request.parsed.keys or content_keys(messages)
         counts = limits.counter.counts(messages, keys)
         chain = policies.Chain.of(messages, functools.partial(self.digests, keys=keys))
         fixed = request.dialect.fixed_tokens(request.parsed, limits.counter)
@@ -317,7 +316,7 @@ class Compactor:
         """The request as the session's plan makes it, when it is at the compaction level but
         still within the limit: its compaction waits for the summary being made."""
         entries = self._entries(turn)
-        tokens = tokens_before if entries is None else turn.tokens([m for _, m in entries])
+        tokens = tokens_before if entries is None else turn.tokens(entries)
         if tokens > turn.budget.limit or turn.loaded.state.pending is not None:
             return None
         action = "none" if entries is None else "replayed"
@@ -333,7 +332,7 @@ class Compactor:
         entries = self._entries(turn)
         if entries is None or loaded.state.pending is not None:
             return None
-        tokens = turn.tokens([m for _, m in entries])
+        tokens = turn.tokens(entries)
         if turn.budget.status(tokens) == "compact":
             return None
         return self._forward(turn, entries, "replayed", tokens_before, tokens)

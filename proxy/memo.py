@@ -1,12 +1,13 @@
 """A bounded memo keyed by content, for work repeated on every turn of a conversation.
 
 Clients resend the whole history each turn, so per-message work (token counts, hashes) is
-memoised by the message's content: a fast 64-bit hash of its JSON, cheap to build and keep.
+memoised by the message's content: a fast 64-bit hash of its JSON (of the client's own bytes
+of it, when the dialect kept them), cheap to build and keep.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -34,15 +35,23 @@ class Memo(Generic[V]):
     and the part of the working set it holds keeps hitting (about size / working set of the
     look-ups). Then a new generation begins, in case the working set changed. Misses of new
     messages (a new working set) never freeze it.
+
+    With `max_bytes`, the keys are bytes (a message's own JSON) and a generation also ends when
+    its keys reach half of it: the memo then holds less than `max_bytes` of keys and two keys
+    more, beside at most `size` entries.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, max_bytes: int | None = None) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
-        self._recent: dict[int, V] = {}
-        self._older: dict[int, V] = {}
-        # The keys of the two generations dropped last.
+        self._recent: dict[Hashable, V] = {}
+        self._older: dict[Hashable, V] = {}
+        self._recent_bytes = 0  # of the newer generation's keys, with max_bytes
+        self._generations = 0  # generations begun
+        # The hashes of the keys of the two generations dropped last (not the keys: they may
+        # be large).
         self._evicted: tuple[set[int], set[int]] = (set(), set())
         self._counted = 0  # hits when the generation began
         self._returning = 0  # misses of evicted keys in this generation
@@ -51,9 +60,9 @@ class Memo(Generic[V]):
     def __len__(self) -> int:
         return len(self._recent) + len(self._older)
 
-    def get(self, value: Any, make: Callable[[Any], V], key: int | None = None) -> V:
+    def get(self, value: Any, make: Callable[[Any], V], key: Hashable | None = None) -> V:
         """`make(value)`, memoised by the content of `value` (`key`, when the caller already
-        has it from `content_keys`)."""
+        has it from `content_keys`, or the value's own bytes)."""
         if key is None:
             key = hash(orjson.dumps(value))
         found = self._recent.get(key)
@@ -64,7 +73,8 @@ class Memo(Generic[V]):
         if found is None:
             found = make(value)
             self.misses += 1
-            if key in self._evicted[0] or key in self._evicted[1]:
+            hashed = hash(key)
+            if hashed in self._evicted[0] or hashed in self._evicted[1]:
                 self._returning += 1
         else:
             self.hits += 1
@@ -74,21 +84,46 @@ class Memo(Generic[V]):
             if self._frozen:
                 return found
             thawed = True  # a new generation may begin: the working set may have changed
-        if len(self._recent) >= max(1, self.size // 2):
+        if len(self._recent) >= max(1, self.size // 2) or (
+            self.max_bytes is not None and 2 * self._recent_bytes >= self.max_bytes
+        ):
             hits, returning = self.hits - self._counted, self._returning
             self._counted, self._returning = self.hits, 0
             if returning > hits and not thawed:
                 self._frozen = 2 * self.size
                 return found
-            self._evicted = (set(self._older), self._evicted[0])
+            self._evicted = (set(map(hash, self._older)), self._evicted[0])
             self._older, self._recent = self._recent, {}
+            self._recent_bytes = 0
+            self._generations += 1
         self._recent[key] = found
+        if self.max_bytes is not None:
+            self._recent_bytes += len(key)  # type: ignore[arg-type]
         return found
 
-    def each(self, values: Sequence[Any], make: Callable[[Any], V], keys: Sequence[int]) -> list[V]:
+    def each(
+        self, values: Sequence[Any], make: Callable[[Any], V], keys: Sequence[Hashable]
+    ) -> list[V]:
         """`make` of each of `values`, memoised, given their `content_keys`."""
+        # Between compactions nearly every message of a request was seen on the turn before:
+        # one dict look-up each, and `get`'s bookkeeping only for the others, and for all that
+        # follow a new generation (whose look-ups move what they find into it).
+        found: list[V | None] = list(map(self._recent.get, keys))
+        generations = self._generations
+        try:
+            first = found.index(None)
+        except ValueError:
+            self.hits += len(found)
+            return found  # type: ignore[return-value]
+        self.hits += first
         get = self.get
-        return [get(value, make, key) for value, key in zip(values, keys, strict=True)]
+        for i in range(first, len(found)):
+            hit = found[i]
+            if hit is None or self._generations != generations:
+                found[i] = get(values[i], make, keys[i])
+            else:
+                self.hits += 1
+        return found  # type: ignore[return-value]
 
 
 class MessageDigests:

@@ -9,7 +9,7 @@ import functools
 import policies
 
 from .config import Policy, Upstream
-from .dialects import Dialect, Parsed
+from .dialects import Dialect, Entries, Parsed
 from .limits import Limits
 from .sessions import Loaded, session_key
 from .state import Branch
@@ -65,12 +65,18 @@ class Turn:
     def tokens_before(self) -> int:
         return self.fixed + sum(self.counts)
 
-    def tokens(self, view: list[policies.Message]) -> int:
-        """Tokens of `view`; the messages it shares with the request are not counted again."""
-        messages = self.request.messages
-        known = {id(m): t for m, t in zip(messages, self.counts, strict=True)}
-        counter = self.limits.counter
-        return self.fixed + sum(known.get(id(m)) or counter.message(m) for m in view)
+    def tokens(self, entries: Entries) -> int:
+        """Tokens of the view `entries` (`policies.render_entries`); a message it shows as the
+        request has it is not counted again."""
+        messages, counts = self.request.messages, self.counts
+        message_tokens = self.limits.counter.message
+        total = self.fixed
+        for index, message in entries:
+            if index is not None and message is messages[index]:
+                total += counts[index]
+            else:
+                total += message_tokens(message)
+        return total
 
     async def compact(
         self,

@@ -55,3 +55,33 @@ def test_a_new_working_set_replaces_the_old_one(before: range) -> None:
     fresh = list(range(10**6, 10**6 + 800))
     lookups(memo, fresh * 6)
     assert lookups(memo, fresh) == (len(fresh), 0)
+
+
+@given(
+    st.integers(2, 64),
+    st.lists(st.lists(st.integers(0, 100), max_size=80), max_size=12),
+    st.sampled_from([None, 40, 400]),
+)
+def test_each_is_get_of_each_value_in_turn(
+    size: int, batches: list[list[int]], max_bytes: int | None
+) -> None:
+    """`each` (one pass of look-ups for what the newer generation holds) leaves the memo as
+    looking each value up in turn does: the same answers, hits, misses and entries."""
+    by_each: Memo[int] = Memo(size, max_bytes=max_bytes)
+    one_by_one: Memo[int] = Memo(size, max_bytes=max_bytes)
+    for batch in batches:
+        keys = [b"x" * (k % 7) + k.to_bytes(2, "big") for k in batch]
+
+        def square(k: bytes) -> int:
+            return int.from_bytes(k[-2:], "big") ** 2 + 1
+
+        answers = by_each.each(keys, square, keys)
+        assert answers == [one_by_one.get(k, square, k) for k in keys]
+        assert answers == [square(k) for k in keys]
+        assert (by_each.hits, by_each.misses) == (one_by_one.hits, one_by_one.misses)
+        assert dict(by_each._recent) == dict(one_by_one._recent)
+        assert dict(by_each._older) == dict(one_by_one._older)
+        assert len(by_each) <= size
+        if max_bytes is not None:
+            held = sum(map(len, [*by_each._recent, *by_each._older]))
+            assert held < max_bytes + 2 * 8  # two keys more at most (the longest has 8 bytes)

@@ -33,6 +33,10 @@ class Parsed:
     for the Responses API a function call and the reasoning item before it, say).
     `opaque_reason` says why the proxy cannot see the whole conversation (it is held
     upstream, e.g. `previous_response_id`): such a request is forwarded unchanged.
+    `keys` is each message's content key for the per-message memos (`proxy.memo`), when the
+    dialect has one cheaper than `content_keys` (the hash of the client's bytes of it).
+    The messages (and `body`'s values) may be shared with other requests, memoised by their
+    bytes (`raw_items`): nothing may change them in place.
     """
 
     raw: bytes
@@ -44,6 +48,7 @@ class Parsed:
     stream: bool
     max_output: int | None
     opaque_reason: str | None = None
+    keys: Sequence[int] | None = None
 
     def native(self, index: int) -> Sequence[Any]:
         """The native items canonical message `index` stands for."""

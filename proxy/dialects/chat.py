@@ -1,7 +1,9 @@
 """Chat completions (`POST /v1/chat/completions`): the engine's own canonical form.
 
 Each message is one native item, so a view maps back one to one; only the fields compaction
-reads are checked (everything else is the upstream's to judge, in its own words).
+reads are checked (everything else is the upstream's to judge, in its own words). The native
+items are the client's bytes of each message (`raw_items`): a message sent before is looked up
+by them, not parsed and checked again, and goes upstream as them when the view leaves it alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .openai import (
     load_object,
     optional_int,
 )
+from .raw_items import KnownItems
 
 
 class Chat(OpenAIDialect):
@@ -36,7 +39,18 @@ class Chat(OpenAIDialect):
     conversation_param = "messages"
     usage_fields = ("prompt_tokens", "prompt_tokens_details")
 
+    def __init__(self) -> None:
+        self.known = KnownItems(_accepts)
+
     def parse(self, raw: bytes) -> Parsed:
+        split = self.known.split(raw, "messages")
+        if split is not None:
+            return _parsed(raw, split.body, split.raw, split.keys)
+        return self.parse_whole(raw)
+
+    def parse_whole(self, raw: bytes) -> Parsed:
+        """The request read whole, every message parsed and checked: the path of a body the
+        split does not read, which says what is wrong with it."""
         body = load_object(raw)
         messages = body.get("messages")
         if not isinstance(messages, list):
@@ -49,23 +63,9 @@ class Chat(OpenAIDialect):
             try:
                 _check_message(message)
             except BadField as bad:
-                # The location is only spelled out when something is wrong: this loop runs
-                # over every message of every request.
+                # The location is only spelled out when something is wrong.
                 raise invalid_type(f"messages[{i}]{bad.path}", bad.expected, bad.value) from None
-        max_tokens = optional_int(body, "max_tokens")
-        max_output = optional_int(body, "max_completion_tokens")
-        if max_output is None:
-            max_output = max_tokens
-        return Parsed(
-            raw=raw,
-            body=body,
-            model=body["model"],
-            messages=messages,
-            items=messages,
-            spans=None,
-            stream=bool(body.get("stream")),
-            max_output=max_output,
-        )
+        return _parsed(raw, body, messages, None)
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         metadata = parsed.body.get("metadata")
@@ -82,7 +82,9 @@ class Chat(OpenAIDialect):
         return [edited]
 
     def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
-        return orjson.dumps({**parsed.body, "messages": items})
+        # An untouched message is the client's bytes of it, when the body was split.
+        messages = [orjson.Fragment(i) if i.__class__ is bytes else i for i in items]
+        return orjson.dumps({**parsed.body, "messages": messages})
 
     def wants_usage(self, parsed: Parsed) -> bool:
         if not parsed.stream:
@@ -127,6 +129,37 @@ class Chat(OpenAIDialect):
             raise SummaryFailed("overlong")
         content = choice["message"].get("content")
         return content if isinstance(content, str) else ""
+
+
+def _parsed(raw: bytes, body: dict[str, Any], items: list[Any], keys: list[int] | None) -> Parsed:
+    """The request, its messages (`body["messages"]`) checked; `items` are the messages as
+    dicts, or the client's bytes of each."""
+    max_tokens = optional_int(body, "max_tokens")
+    max_output = optional_int(body, "max_completion_tokens")
+    if max_output is None:
+        max_output = max_tokens
+    return Parsed(
+        raw=raw,
+        body=body,
+        model=body["model"],
+        messages=body["messages"],
+        items=items,
+        spans=None,
+        stream=bool(body.get("stream")),
+        max_output=max_output,
+        keys=keys,
+    )
+
+
+def _accepts(message: Any) -> bool:
+    """Whether the parse's checks pass a message."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return False
+    try:
+        _check_message(message)
+    except BadField:
+        return False
+    return True
 
 
 def _check_message(message: dict[str, Any]) -> None:

@@ -78,7 +78,7 @@ def load_object(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    if not _nests_within(body, MAX_DEPTH):
+    if not nests_within(body, MAX_DEPTH):
         raise InvalidRequest(
             f"The request body nests arrays and objects more than {MAX_DEPTH} levels deep, "
             "more than this proxy accepts."
@@ -89,7 +89,7 @@ def load_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _nests_within(value: dict[str, Any] | list[Any], limit: int) -> bool:
+def nests_within(value: dict[str, Any] | list[Any], limit: int) -> bool:
     """Whether no array or object in `value` (itself level 1) is deeper than `limit`."""
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
     while stack:

@@ -1,0 +1,235 @@
+"""A body read as its fields and the client's own bytes of each item of its conversation.
+
+Clients resend the whole conversation on every turn. Parsing, checking and hashing each item
+again would cost in proportion to the history. Instead: a body that begins with the bytes of
+a body read before, up to the end of that one's last item (the client's last turn), has only
+what follows read (`KnownBodies`); any other is split by msgspec (it skips over each item,
+keeping its bytes), and each item looked up by those exact bytes among the items already read
+and checked. Only new items are parsed (orjson) and checked. An untouched item then goes
+upstream as those same bytes (`orjson.Fragment`).
+
+What this path cannot read it leaves to the dialect's whole-body path (`load_object` and the
+checks of every item), which gives the same 400 as ever: a split is only ever a faster way to
+the result of that path, never a different one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgspec
+import orjson
+
+from ..memo import Memo
+from .openai import MAX_DEPTH, nests_within
+
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+# What splitting a body that is not plain valid JSON may raise (a key that is not UTF-8 is a
+# UnicodeDecodeError, a deep one a RecursionError).
+_UNSPLIT = (msgspec.MsgspecError, ValueError, RecursionError)
+_WHITESPACE = b" \t\n\r"  # JSON's (bytes.strip's default strips more)
+# A field named "" (only a name is followed by a colon; a string ending in an escaped quote
+# may match too, and is then read whole).
+_EMPTY_NAME = re.compile(rb'""[ \t\n\r]*:')
+
+
+class Split(NamedTuple):
+    """A body as `orjson.loads` reads it, and the bytes of its conversation's items (a tuple:
+    made on every request, and cheaper to make than a dataclass)."""
+
+    body: dict[str, Any]  # every field; the conversation's items decoded (the list `items`)
+    items: list[Any]
+    raw: list[bytes]  # the client's bytes of each item
+    keys: list[int]  # a content key of each item (`proxy.memo`): the hash of its bytes
+
+
+class KnownItems:
+    """The items of conversations already read, each by its exact bytes (so an entry is never
+    returned for other bytes), decoded and checked; and the bodies read last, by their bytes
+    up to the end of their conversation's last item.
+
+    A client's next turn is its last body with new items at the end of the conversation: when
+    a body begins with the bytes of a body read before, up to the end of that one's last item,
+    only what follows is split and read (`KnownBodies`), and the history costs one comparison
+    of bytes.
+
+    Bounded: at most `size` items and about `max_bytes` of their JSON (`proxy.memo.Memo`);
+    their decoded form takes about twice as much memory again; and `KnownBodies`' bound.
+    """
+
+    def __init__(
+        self, accepts: Callable[[Any], bool], *, size: int = 32_768, max_bytes: int = 8 << 20
+    ) -> None:
+        self.accepts = accepts  # whether the dialect's checks pass an item
+        self.memo: Memo[Any] = Memo(size, max_bytes=max_bytes)
+        self.bodies = KnownBodies()
+
+    def split(self, raw: bytes, field: str) -> Split | None:
+        """The body, its conversation in `field` split into items; None when the dialect's
+        whole-body path must read it (it is not a JSON object with a model and a list in
+        `field`, or it holds anything that path would refuse)."""
+        try:
+            known = self.bodies.find(raw)
+            if known is not None:
+                split = self._after(raw, field, known)
+                if split is not None:
+                    return split
+            return self._whole(raw, field)
+        except (*_UNSPLIT, orjson.JSONDecodeError, _Refused):
+            return None
+
+    def _whole(self, raw: bytes, field: str) -> Split | None:
+        fields = _FIELDS.decode(raw)
+        conversation = fields.pop(field, None)
+        if conversation is None:
+            return None
+        body = _values(fields)
+        array = bytes(conversation)
+        spans = list(map(bytes, _ITEMS.decode(array)))
+        split = self._split(body, field, None, spans)
+        start = _only(array, raw) if split is not None and spans else None
+        if split is not None and start is not None:  # where the conversation is
+            before = _FIELDS.decode(raw[:start] + b"null}")
+            before.pop(field)
+            end = start + len(array[:-1].rstrip(_WHITESPACE))
+            self.bodies.add(_Known(raw[:end], _values(before), split))
+        return split
+
+    def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
+        """`raw` read as `known`'s body with the items after its last one, or None when it is
+        not that (the conversation named again after it, an item that is not one)."""
+        rest = raw[len(known.prefix) :].lstrip(_WHITESPACE)
+        if rest[:1] == b",":
+            rest = rest[1:]
+            if rest.lstrip(_WHITESPACE)[:1] in (b"]", b","):
+                return None  # not JSON: the whole-body path says why
+        elif rest[:1] != b"]":
+            return None
+        if _EMPTY_NAME.search(rest):
+            return None  # "" is the stand-in name below: a body that has it is read whole
+        # The items after the known ones, and the fields after the conversation: the rest of
+        # the body as an object whose first field holds them.
+        fields = _FIELDS.decode(b'{"":[' + rest)
+        array = bytes(fields.pop(""))
+        if field in fields:
+            return None
+        spans = list(map(bytes, _ITEMS.decode(array)))
+        split = self._split({**known.before, **_values(fields)}, field, known.split, spans)
+        if split is not None and spans:
+            end = len(raw) - len(rest) + len(array[:-1].rstrip(_WHITESPACE)) - 1
+            self.bodies.replace(known, _Known(raw[:end], known.before, split))
+        return split
+
+    def _split(
+        self, body: dict[str, Any], field: str, known: Split | None, spans: list[bytes]
+    ) -> Split | None:
+        """The body with its conversation: the items of `known` (if any) followed by those of
+        `spans`."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return None
+        items = self.memo.each(spans, self._read, spans)
+        # The dict look-ups above hashed every span; bytes keep their hash.
+        keys = list(map(hash, spans))
+        if known is not None:
+            items, spans, keys = known.items + items, known.raw + spans, known.keys + keys
+        body[field] = items
+        return Split(body, items, spans, keys)
+
+    def _read(self, span: bytes) -> Any:
+        """A new item, read as the whole-body path reads it: parsed, no deeper than the body
+        may nest at its place (the body, its list, the item), and checked."""
+        item = _value(span, MAX_DEPTH - 2)
+        if not self.accepts(item):
+            raise _Refused
+        return item
+
+
+class _Known(NamedTuple):
+    """A body read: its bytes up to the end of its conversation's last item, the fields
+    before the conversation, and what it was read as."""
+
+    prefix: bytes
+    before: dict[str, Any]
+    split: Split
+
+
+class KnownBodies:
+    """The bodies read last, found by their first `head` bytes (several sessions may begin
+    alike: a shared system prompt), at most `per_head` a head and `max_bytes` of their bytes
+    in all (or the one body read last, if larger), the least recently used dropped first."""
+
+    def __init__(self, *, head: int = 256, per_head: int = 32, max_bytes: int = 8 << 20) -> None:
+        self.head = head
+        self.per_head = per_head
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._by_head: dict[bytes, list[_Known]] = {}
+
+    def find(self, raw: bytes) -> _Known | None:
+        """A body `raw` begins with, up to the end of its last item (and goes on after)."""
+        found = self._by_head.get(raw[: self.head])
+        for known in found or ():
+            if len(known.prefix) < len(raw) and raw.startswith(known.prefix):
+                return known
+        return None
+
+    def add(self, known: _Known) -> None:
+        if len(known.prefix) < self.head:
+            return
+        head = known.prefix[: self.head]
+        bodies = self._by_head.pop(head, [])  # back in, as the most recently used
+        bodies.insert(0, known)
+        self.held += len(known.prefix)
+        for dropped in bodies[self.per_head :]:
+            self.held -= len(dropped.prefix)
+        self._by_head[head] = bodies[: self.per_head]
+        while self.held > self.max_bytes:  # the least recently used out, but for this body
+            oldest = next(iter(self._by_head))
+            others = self._by_head[oldest]
+            if others == [known]:
+                break
+            self.held -= len(others.pop().prefix)
+            if not others:
+                del self._by_head[oldest]
+
+    def replace(self, old: _Known, new: _Known) -> None:
+        """`new`, a later turn of `old`'s body, in its place."""
+        head = old.prefix[: self.head]
+        bodies = self._by_head.get(head, [])
+        if any(known is old for known in bodies):
+            self._by_head[head] = [known for known in bodies if known is not old]
+            self.held -= len(old.prefix)
+        self.add(new)
+
+
+class _Refused(Exception):
+    """An item the dialect's checks refuse: its whole-body path says why."""
+
+
+def _only(part: bytes, whole: bytes) -> int | None:
+    """Where `part` is in `whole`, when it is there once."""
+    # Found by its first bytes, then compared in place: finding a long needle costs more.
+    head, found = part[:64], list[int]()
+    at = whole.find(head)
+    while at >= 0 and len(found) < 2:
+        if whole.startswith(part, at):
+            found.append(at)
+        at = whole.find(head, at + 1)
+    return found[0] if len(found) == 1 else None
+
+
+def _values(fields: dict[str, msgspec.Raw]) -> dict[str, Any]:
+    """Top-level fields, each nesting no deeper than the body may (itself the second level)."""
+    return {name: _value(value, MAX_DEPTH - 1) for name, value in fields.items()}
+
+
+def _value(raw: msgspec.Raw | bytes, limit: int) -> Any:
+    """A JSON value nesting no deeper than `limit` levels (itself the first)."""
+    value = orjson.loads(raw if raw.__class__ is bytes else bytes(raw))
+    if isinstance(value, dict | list) and not nests_within(value, limit):
+        raise _Refused
+    return value

@@ -1,0 +1,293 @@
+"""The split read of a chat body (proxy/dialects/raw_items.py): what it gives is what reading
+the whole body gives, an untouched message goes upstream as the client's own bytes, the memo
+of messages already read never answers for other bytes, and a body it cannot read gets the
+whole-body path's 400."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.dialects.chat import Chat
+from proxy.dialects.raw_items import KnownBodies, KnownItems
+from proxy.errors import InvalidRequest
+from proxy.memo import content_keys
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)  # past 64 bits orjson reads a float: so must the split
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+parts = st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=12)})
+calls = st.fixed_dictionaries(
+    {
+        "id": st.text(max_size=6),
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": st.text(max_size=6), "arguments": st.text(max_size=12)}
+        ),
+    }
+)
+messages = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "x"])},
+    optional={
+        "content": st.none() | st.text(max_size=20) | st.lists(parts, max_size=2),
+        "tool_calls": st.lists(calls, max_size=2),
+        "tool_call_id": st.text(max_size=6),
+        "name": st.text(max_size=6),
+        "x_extra": values,
+    },
+)
+
+
+@st.composite
+def written(draw: st.DrawFn, value: Any) -> str:
+    """`value` as JSON text as a client may write it: any spacing, escaped or raw non-ASCII,
+    and now and then an object key written twice (the last one counts, as for orjson)."""
+    space = draw(st.sampled_from(["", " ", "\n  ", "\t"]))
+    if isinstance(value, dict):
+        fields = []
+        for key, item in value.items():
+            if draw(st.integers(0, 9)) == 0:
+                fields.append(f"{json.dumps(key)}:{space}{json.dumps(draw(values))}")
+            fields.append(f"{json.dumps(key)}:{space}{draw(written(item))}")
+        return "{" + space + f",{space}".join(fields) + space + "}"
+    if isinstance(value, list):
+        return "[" + space + f",{space}".join(draw(written(item)) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=draw(st.booleans()))
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> bytes:
+    body = {"model": "gpt-4o", "messages": draw(st.lists(messages, max_size=6))}
+    body.update(
+        draw(st.dictionaries(st.sampled_from(["stream", "metadata", "tools", "user"]), values))
+    )
+    return draw(written(body)).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(bodies(), min_size=1, max_size=4))
+def test_the_split_reads_what_the_whole_body_path_reads(raws: list[bytes]) -> None:
+    chat = Chat()
+    for raw in raws:
+        try:
+            whole = chat.parse_whole(raw)
+        except InvalidRequest as refused:
+            with pytest.raises(InvalidRequest) as caught:
+                chat.parse(raw)
+            assert caught.value.message == refused.message
+            continue
+        split = chat.known.split(raw, "messages")
+        assert split is not None
+        parsed = chat.parse(raw)
+        assert parsed.body == whole.body == orjson.loads(raw)
+        assert parsed.messages == whole.messages
+        assert (parsed.model, parsed.stream, parsed.max_output) == (
+            whole.model,
+            whole.stream,
+            whole.max_output,
+        )
+        # Untouched, every message goes upstream as the client's bytes of it.
+        forwarded = chat.body_with(parsed, list(parsed.items))
+        assert orjson.loads(forwarded) == orjson.loads(raw)
+        sent = msgspec.json.decode(forwarded, type=dict[str, msgspec.Raw])["messages"]
+        spans = [bytes(span) for span in msgspec.json.decode(sent, type=list[msgspec.Raw])]
+        assert spans == list(parsed.items) == split.raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(messages, min_size=1, max_size=4), min_size=1, max_size=8),
+    st.data(),
+    st.integers(1, 8),
+)
+def test_the_memo_never_answers_for_other_bytes(
+    turns: list[list[dict[str, Any]]], data: st.DataObject, size: int
+) -> None:
+    """Messages resent, changed by a byte, spaced otherwise, through a memo small enough to
+    evict: each is always what its own bytes say."""
+    known = KnownItems(lambda item: isinstance(item, dict), size=size, max_bytes=64 * size)
+    history: list[dict[str, Any]] = []
+    for turn in turns:
+        history += turn
+        raw = data.draw(written({"model": "m", "messages": history})).encode()
+        split = known.split(raw, "messages")
+        assert split is not None
+        assert split.items == [orjson.loads(span) for span in split.raw]
+        assert split.items == orjson.loads(raw)["messages"]
+        assert split.keys == [hash(span) for span in split.raw]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": [{"role": "user", "content": "\xff"}]}',  # not UTF-8
+        b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',  # lone half
+        b'{"model": "m", "messages": [{"role": "user"}], "x": "\xff"}',
+        b'{"model": "m", "messages": [{"role": "user"}, 3]}',  # not an object
+        b'{"model": "m", "messages": [{"role": "user"}, {"role": 3}]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": 3}]}',
+        b'{"model": "m", "messages": {"role": "user"}}',
+        b'{"model": "m", "messages": [{"role": "user"}],}',
+        b'{"model": "", "messages": []}',
+        b'{"messages": []}',
+        b'[{"model": "m", "messages": []}]',
+        b'{"model": "m", "messages": [{"role": "user", "content": '
+        + b"[" * 98
+        + b"]" * 98
+        + b"}]}",
+        b'{"model": "m", "messages": [], "x": ' + b"[" * 100 + b"]" * 100 + b"}",
+        b'{"model": "m", "messages": [], "x": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+        b'{"model": "m", "messages": [], "max_tokens": "1"}',
+    ],
+)
+def test_a_body_the_split_refuses_gets_the_whole_body_path_400(raw: bytes) -> None:
+    chat = Chat()
+    seen = b'{"model": "m", "messages": [{"role": "user"}, {"role": "user", "content": "hi"}]}'
+    chat.parse(seen)  # its messages are known: refusing the rest must not depend on it
+    with pytest.raises(InvalidRequest) as whole:
+        chat.parse_whole(raw)
+    with pytest.raises(InvalidRequest) as split:
+        chat.parse(raw)
+    assert split.value.message == whole.value.message
+    assert split.value.param == whole.value.param
+
+
+def test_keys_of_a_split_body_are_the_hashes_of_the_bytes_of_its_messages() -> None:
+    """Not content_keys (a dumps of each message): the split never serialises what it reads."""
+    chat = Chat()
+    raw = b'{"model": "m", "messages": [{"role": "user",  "content": "hi"}]}'
+    parsed = chat.parse(raw)
+    assert parsed.keys == [hash(b'{"role": "user",  "content": "hi"}')]
+    assert parsed.keys != content_keys(parsed.messages)
+
+
+def same_reading(chat: Chat, raw: bytes) -> None:
+    """`chat.parse(raw)` is what the whole-body path makes of it, or the same 400."""
+    try:
+        whole = chat.parse_whole(raw)
+    except InvalidRequest as refused:
+        with pytest.raises(InvalidRequest) as caught:
+            chat.parse(raw)
+        assert (caught.value.message, caught.value.param) == (refused.message, refused.param)
+        return
+    parsed = chat.parse(raw)
+    assert parsed.body == whole.body == orjson.loads(raw)
+    assert parsed.messages == whole.messages
+    forwarded = chat.body_with(parsed, list(parsed.items))
+    sent = msgspec.json.decode(forwarded, type=dict[str, msgspec.Raw])["messages"]
+    assert [bytes(span) for span in msgspec.json.decode(sent, type=list[msgspec.Raw])] == list(
+        parsed.items
+    )
+    assert parsed.keys == [hash(span) for span in parsed.items]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(messages, min_size=1, max_size=3), min_size=2, max_size=6),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.booleans(),
+    st.lists(st.dictionaries(st.sampled_from(["stream", "user", "max_tokens"]), scalars)),
+    st.sampled_from([8 << 20, 300]),
+)
+def test_a_next_turn_is_read_from_where_the_last_body_ended(
+    turns: list[list[dict[str, Any]]],
+    separators: tuple[str, str],
+    ascii_only: bool,
+    after: list[dict[str, Any]],
+    max_bytes: int,
+) -> None:
+    """A client resends its history with new messages at the end (and fields after them that
+    may change): from the second turn on only what follows the known body is read, and the
+    result is the whole-body path's; the bodies kept stay within their bound (or the one read
+    last, when it alone is larger)."""
+    chat = Chat()
+    chat.known.bodies = KnownBodies(head=16, max_bytes=max_bytes)
+    history: list[dict[str, Any]] = []
+    for turn, extra in zip(turns, after + [{}] * len(turns), strict=False):
+        seen = len(history)
+        history += turn
+        body = {"model": "gpt-4o", "messages": history, **extra}
+        raw = json.dumps(body, separators=separators, ensure_ascii=ascii_only).encode()
+        known = chat.known.bodies.find(raw)
+        if seen and len(raw) <= max_bytes:
+            assert known is not None
+            assert known.split.items == orjson.loads(raw)["messages"][:seen]
+        same_reading(chat, raw)
+        assert chat.known.bodies.held <= max(max_bytes, len(raw))
+
+
+LAST = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 300 + b'"}'
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"]}",  # the same body again
+        b', {"role": "assistant", "content": "y"}]}',
+        b' ,\n {"role": "assistant"} ] , "stream": true}',
+        b", ]}",  # a trailing comma
+        b", , {}]}",
+        b"]",  # cut off
+        b"]} x",  # something after the body
+        b', {"role": "user"}], "messages": [{"role": "user"}]}',  # named again: the last wins
+        b', {"role": "user"}], "": 1}',
+        b', {"role": "user", "content": "\xff"}]}',  # not UTF-8
+        b', {"role": "user", "content": "\\ud800"}]}',
+        b', {"role": 3}]}',
+        b', {"role": "user", "content": ' + b"[" * 98 + b"]" * 98 + b"}]}",  # too deep
+        b', {"role": "user"}], "x": ' + b"[" * 100 + b"]" * 100 + b"}",
+        b', {"role": "user"}], "model": ""}',  # the model named again, empty
+        b', {"role": "user"}], "max_tokens": "2"}',
+        b"\t]\r}",
+        b"]\x0b}",  # not JSON whitespace
+    ],
+)
+def test_what_follows_a_known_body_is_read_as_the_whole_body_path_reads_it(tail: bytes) -> None:
+    chat = Chat()
+    chat.parse(LAST + b"]}")
+    assert chat.known.bodies.find(LAST + tail) is not None
+    same_reading(chat, LAST + tail)
+
+
+@pytest.mark.parametrize("place", ["before", "after"])
+def test_a_body_that_holds_its_conversation_twice_is_read_as_the_whole_body_path_reads_it(
+    place: str,
+) -> None:
+    """The same array of messages in another field too: where the conversation is cannot be
+    told from its bytes, and the next turn is read all the same."""
+    chat = Chat()
+    history = [{"role": "user", "content": "x" * 300}]
+    for turn in range(3):
+        array = json.dumps(history)
+        fields = [f'"x": {array}', f'"messages": {array}', '"model": "m"']
+        raw = ("{" + ", ".join(fields if place == "before" else fields[::-1]) + "}").encode()
+        same_reading(chat, raw)
+        history.append({"role": "assistant", "content": f"step {turn}"})
+
+
+def test_an_empty_string_after_a_known_body_is_read_from_where_it_ended() -> None:
+    """Only a field named "" (the split's stand-in name) sends the rest to be read whole."""
+    chat = Chat()
+    chat.parse(LAST + b"]}")
+    reply = LAST + b', {"role": "assistant", "content": ""}'
+    same_reading(chat, reply + b'], "user": ""}')
+    known = chat.known.bodies.find(reply + b"]}")
+    assert known is not None and known.prefix == reply
+    same_reading(chat, reply + b', {"role": "user"}], "" : 1}')
