@@ -24,7 +24,7 @@ from .ahead import PreparedSummaries
 from .cache_usage import CacheLedger
 from .calibration import Calibration
 from .compactor import Compactor
-from .config import Config
+from .config import Config, Upstream
 from .dialects import DIALECTS, Dialect
 from .dialects.chat import Chat
 from .dialects.responses import Responses
@@ -101,7 +101,14 @@ class Proxy:
         self.litellm = litellm_transport.register(client, config)
         responses = next(h for h in self.handlers if isinstance(h.dialect, Responses))
         self.provider_compaction = ProviderCompaction(
-            config, self.tenants, responses, self.passthrough, summarizers, self.limits, metrics
+            config,
+            self.tenants,
+            responses,
+            self.relay,
+            summarizers,
+            self.prepared.hooks,
+            self.limits,
+            metrics,
         )
         messages = config.default_upstream_for("messages")
         anthropic = config.upstreams.get(messages or "")
@@ -125,7 +132,18 @@ class Proxy:
         if "anthropic-version" in request.headers and self._anthropic is not None:
             upstream = self._anthropic  # an Anthropic client's call: count_tokens, models
         body = await read_body(request, self.config.listen.max_body_bytes)
-        path = _relative_path(request)
+        return await self.relay(request, upstream, _relative_path(request), body, [])
+
+    async def relay(
+        self,
+        request: Request,
+        upstream: Upstream,
+        path: str,
+        body: bytes,
+        own_headers: list[tuple[str, str]],
+    ) -> ASGIApp:
+        """`request` (its body read: `body`) forwarded to `path` of `upstream`, and the answer
+        relayed as it comes, with `own_headers` (the proxy's) added."""
         headers = relayable(request.headers.items(), self._drop)
         response = await self.client.open(
             upstream, request.method, path, query_string(request), headers, body or None
@@ -137,7 +155,7 @@ class Proxy:
             response.release() if outcome == "complete" else response.close()
 
         chunks = response.chunks(upstream.timeouts.stream_idle)
-        return Relay(response.status, relayable(response.headers), chunks, on_end)
+        return Relay(response.status, relayable(response.headers) + own_headers, chunks, on_end)
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -195,10 +195,10 @@ class Handler:
             ),
             window=self.dialect.window(headers),
             headers=tuple(relayable(headers.items(), self.drop_headers)),
-            shadow=self._shadow(headers.get(sessions.shadow_header), policy),
+            shadow=self.shadow(headers.get(sessions.shadow_header), policy),
         )
 
-    def _shadow(self, value: str | None, policy: Policy) -> bool:
+    def shadow(self, value: str | None, policy: Policy) -> bool:
         """Shadow mode as the request's header asks (on or off), else as its policy says."""
         if value is None:
             return policy.shadow

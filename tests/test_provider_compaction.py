@@ -12,23 +12,28 @@ from __future__ import annotations
 
 import base64
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import httpx
 import openai
 import orjson
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Summary, tool_pair_problems
+from proxy.config import loads
 from proxy.dialects.responses import Responses
 from proxy.dialects.responses_compaction import PREFIX, CompactionSeal, expand, is_proxy_item
 from proxy.errors import InvalidRequest
+from proxy.provider_compaction import ACTION, may_hold_items
 from tests.codex import Codex, codex_servers, echoed
 from tests.conftest import config_for, metric
+from tests.fake_hook import FakeHook
 from tests.fake_upstream import FakeUpstream, is_summary_request
+from tests.redis_servers import wait_for
 from tests.servers import ServerThread, proxy_server
 
 MODEL = "gpt-4o-mini"
@@ -53,11 +58,11 @@ def history(turns: int) -> list[dict[str, Any]]:
     return items
 
 
-def serving_config(up: FakeUpstream) -> Any:
+def serving_config(up: FakeUpstream, **sections: Any) -> Any:
     policies = {"default": {"provider_compaction": "serve"}, "relay": {}}
     routes = [{"policy": "relay", "policy_header": "relay"}]
     items = {"signing_key": KEY}
-    return config_for(up, policies=policies, routes=routes, compaction_items=items)
+    return config_for(up, policies=policies, routes=routes, compaction_items=items, **sections)
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +361,7 @@ def items_with_proxy_compactions(draw: st.DrawFn) -> list[dict[str, Any]]:
     """User messages, call/output pairs, assistant text, reasoning, the provider's own
     compaction items and the proxy's, in any order a conversation may have them."""
     items: list[dict[str, Any]] = []
-    for n in range(draw(st.integers(1, 12))):
+    for n in range(draw(st.integers(0, 12))):
         kind = draw(
             st.sampled_from(["user", "pair", "assistant", "reasoning", "provider", "proxy"])
         )
@@ -416,3 +421,224 @@ def test_an_item_is_bound_to_its_tenant_and_key() -> None:
     for broken in (PREFIX, PREFIX + "!!!", PREFIX + "AAAA", content + "A"):
         with pytest.raises(InvalidRequest):
             SEAL.open(TENANT, broken, "input[0]")
+
+
+# -- empty histories, bad bodies, escaped type names -----------------------------------------------
+
+
+def posted(proxy: ServerThread, path: str, body: Any, **headers: str) -> httpx.Response:
+    headers = {"Authorization": "Bearer sk-test", **headers}
+    content = body if isinstance(body, bytes) else orjson.dumps(body)
+    return httpx.post(proxy.url + path, content=content, headers=headers)
+
+
+def refused_param(answer: httpx.Response) -> str | None:
+    """The `param` of OpenAI's 400 (asserted to be one)."""
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    return error["param"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("path", "given"), [(RESPONSES, [TRIGGER]), (RESPONSES + "/compact", []), (RESPONSES, [])]
+)
+def test_an_empty_history_to_compact_is_a_400_under_serve(
+    up: FakeUpstream, proxy: ServerThread, path: str, given: list[Any]
+) -> None:
+    answer = posted(proxy, path, {"model": MODEL, "input": given})
+    if path == RESPONSES and not given:
+        assert answer.status_code == 200  # nothing to compact: an ordinary (empty) request
+        return
+    assert refused_param(answer) == "input"
+    assert up.requests == []
+
+
+@pytest.mark.parametrize("given", [[], [TRIGGER]])
+def test_an_empty_history_goes_on_under_relay(
+    up: FakeUpstream, proxy: ServerThread, given: list[Any]
+) -> None:
+    answer = posted(proxy, RESPONSES, {"model": MODEL, "input": given}, **RELAY)
+    # The upstream's answer (the local server refuses the trigger), never the proxy's 500.
+    assert answer.status_code == (400 if given else 200)
+    assert [r.json["input"] for r in up.requests] == [given]
+    up.reset()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        ({"model": MODEL, "input": {"role": "user"}}, "input"),
+        ({"model": 4, "input": []}, "model"),
+        ({"input": history(1)}, "model"),
+    ],
+)
+@pytest.mark.parametrize("headers", [{}, RELAY])
+def test_a_compact_body_the_proxy_cannot_read_is_a_400_naming_it(
+    up: FakeUpstream, proxy: ServerThread, body: Any, param: str | None, headers: dict[str, str]
+) -> None:
+    assert refused_param(posted(proxy, RESPONSES + "/compact", body, **headers)) == param
+    assert up.requests == []
+
+
+def spelled(value: Any, escaped: Collection[str]) -> bytes:
+    """`value` as JSON, the `escaped` characters of its strings (keys too) written as \\u
+    escapes."""
+    if isinstance(value, dict):
+        pairs = (spelled(k, escaped) + b":" + spelled(v, escaped) for k, v in value.items())
+        return b"{" + b",".join(pairs) + b"}"
+    if isinstance(value, list):
+        return b"[" + b",".join(spelled(v, escaped) for v in value) + b"]"
+    if not isinstance(value, str):
+        return orjson.dumps(value)
+    chars = (f"\\u{ord(c):04x}" if c in escaped else orjson.dumps(c).decode()[1:-1] for c in value)
+    return f'"{"".join(chars)}"'.encode()
+
+
+def test_escaped_type_names_are_read_as_the_items_they_are(
+    up: FakeUpstream, client: openai.OpenAI, proxy: ServerThread
+) -> None:
+    body = {"model": MODEL, "input": [*history(1), TRIGGER]}
+    triggered = posted(proxy, RESPONSES, spelled(body, "_"))
+    assert triggered.status_code == 200
+    assert [i["type"] for i in triggered.json()["output"]] == ["compaction"]
+    assert forwarded(up) == []
+    content = issued(client)
+    follow_up = [{"type": "compaction", "encrypted_content": content}, *history(1)]
+    body = {"model": MODEL, "input": follow_up}
+    assert posted(proxy, RESPONSES, spelled(body, ":")).status_code == 200
+    sent = forwarded(up)[-1]["input"]
+    assert sent[0]["type"] == "message" and sent[1:] == follow_up[1:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(items_with_proxy_compactions(), st.booleans(), st.data())
+def test_the_prescan_misses_no_item_however_spelled(
+    items: list[dict[str, Any]], trigger: bool, data: st.DataObject
+) -> None:
+    """Whatever characters a body spells as \\u escapes, a body holding a trigger or one of
+    the proxy's items is read."""
+    items = [*items, TRIGGER] if trigger else items
+    body = {"model": MODEL, "input": items}
+    chars = sorted(set(orjson.dumps(body).decode()))
+    raw = spelled(body, data.draw(st.sets(st.sampled_from(chars))))
+    assert orjson.loads(raw) == body
+    if trigger or any(map(is_proxy_item, items)):
+        assert may_hold_items(raw)
+
+
+# -- routing, shadow mode, hooks -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[FakeUpstream]:
+    """An upstream with provider compaction (as OpenAI)."""
+    with FakeUpstream() as up:
+        yield up
+
+
+def two_upstreams(local: FakeUpstream, provider: FakeUpstream, **sections: Any) -> Any:
+    """Chat calls (and so every other /v1/* call) default to the local server, Responses calls
+    to the provider; gpt-5 models are the provider's, local/* models the local server's."""
+    data = {
+        "upstreams": {
+            "local": {"base_url": local.base_url},
+            "openai": {"base_url": provider.base_url},
+        },
+        "default_upstream": {"chat": "local", "responses": "openai"},
+        "models": [
+            {"match": "gpt-5*", "upstream": "openai"},
+            {"match": "local/*", "upstream": "local"},
+        ],
+        "compaction_items": {"signing_key": KEY},
+        **sections,
+    }
+    return loads(yaml.safe_dump(data))
+
+
+def test_a_relayed_compact_goes_to_the_upstream_of_its_model(
+    up: FakeUpstream, provider: FakeUpstream
+) -> None:
+    provider.reset()
+    with proxy_server(two_upstreams(up, provider)) as server:
+        body = {"model": "gpt-5", "input": history(1)}
+        compacted = posted(server, RESPONSES + "/compact", body)
+        assert compacted.status_code == 200 and provider.compact_calls == 1
+        assert up.requests == []  # neither the request nor the client's key went there
+        (request,) = provider.requests
+        assert request.path == "/v1/responses/compact"
+        assert request.headers["Authorization"] == "Bearer sk-test"
+        # A model of the local server's: there (which has no compact endpoint).
+        body = {"model": "local/qwen", "input": history(1)}
+        assert posted(server, RESPONSES + "/compact", body).status_code == 404
+        assert [r.path for r in up.requests] == ["/v1/responses/compact"]
+        assert len(provider.requests) == 1
+    up.reset()
+
+
+def test_shadow_mode_relays_a_provider_compaction_but_expands_the_proxys_items(
+    up: FakeUpstream, provider: FakeUpstream
+) -> None:
+    provider.reset()
+    serving = {"policies": {"default": {"provider_compaction": "serve"}}}
+    shadow = {"X-Compaction-Shadow": "1"}
+    with proxy_server(two_upstreams(up, provider, **serving)) as server:
+        body = {"model": "gpt-5", "input": history(1)}
+        served = posted(server, RESPONSES + "/compact", body)
+        assert served.headers["x-compaction-action"] == ACTION
+        assert forwarded(provider) == [] and provider.compact_calls == 0
+        content = served.json()["output"][-1]["encrypted_content"]
+        # Under shadow mode the provider answers: the compact endpoint and the trigger.
+        relayed = posted(server, RESPONSES + "/compact", body, **shadow)
+        assert relayed.status_code == 200 and provider.compact_calls == 1
+        assert relayed.headers["x-compaction-shadow"] == "true"
+        assert relayed.headers["x-compaction-action"] == "shadow-" + ACTION
+        assert not relayed.json()["output"][-1]["encrypted_content"].startswith(PREFIX)
+        trigger = {"model": "gpt-5", "input": [*history(1), TRIGGER]}
+        triggered = posted(server, RESPONSES, trigger, **shadow)
+        assert triggered.status_code == 200 and provider.compact_calls == 2
+        assert triggered.headers["x-compaction-shadow"] == "true"
+        assert forwarded(provider)[-1]["input"][-1] == TRIGGER
+        # The proxy's own item is still expanded: the provider cannot read it.
+        item = {"type": "compaction", "encrypted_content": content}
+        follow_up = {"model": "gpt-5", "input": [item, *history(1)]}
+        assert posted(server, RESPONSES, follow_up, **shadow).status_code == 200
+        sent = forwarded(provider)[-1]["input"]
+        assert sent[0]["type"] == "message" and sent[1:] == history(1)
+        assert provider.rejected == 0
+
+
+def test_served_compactions_call_the_hooks(up: FakeUpstream) -> None:
+    prompts: list[bytes] = []
+
+    def summarizer(body: dict[str, Any]) -> str:
+        prompts.append(orjson.dumps(body))
+        return "Summary: files checked."
+
+    up.summarizer = summarizer
+    instructions = "Keep every file name verbatim."
+    with FakeHook() as hook:
+        hooks = {
+            "pre_compact": {"url": hook.url("/pre")},
+            "post_compact": {"url": hook.url("/post")},
+        }
+        hook.answer = {"instructions": instructions}
+        with proxy_server(serving_config(up, hooks=hooks)) as server:
+            body = {"model": MODEL, "input": history(2)}
+            compacted = posted(server, RESPONSES + "/compact", body)
+            assert compacted.status_code == 200
+            session = compacted.headers["x-compaction-session"]
+            (pre,) = hook.calls("/pre")
+            assert (pre["hook"], pre["session"]) == ("pre_compact", session)
+            summary = pre["summary"]
+            assert summary["start"] == 0 and summary["end"] == summary["messages"] == 8
+            (prompt,) = prompts
+            assert instructions.encode() in prompt
+            wait_for(lambda: bool(hook.calls("/post")), timeout=5)
+            (post,) = hook.calls("/post")
+            assert (post["action"], post["session"]) == ("compacted", session)
+            tokens = compacted.headers
+            assert post["tokens"]["before"] == int(tokens["x-compaction-tokens-before"])
+            assert post["summary"]["tokens"] == int(tokens["x-compaction-tokens-after"])
+            assert post["summary"]["kind"] == "llm"

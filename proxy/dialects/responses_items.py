@@ -128,7 +128,7 @@ class _Builder:
         for message in self.messages:
             if message["role"] == "assistant" and not message["content"]:
                 message["content"] = None
-        stops = [*self.starts[1:], count]
+        stops = [*self.starts[1:], count] if self.starts else []  # no item, no message
         return Mapped(self.messages, [slice(a, b) for a, b in zip(self.starts, stops, strict=True)])
 
     def _new(self, index: int, message: Message, *, block: int | None) -> None:
