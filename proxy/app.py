@@ -257,24 +257,30 @@ class _Endpoint:
                 body_read.set()
             return message
 
-        handler = asyncio.ensure_future(self.handler(Request(scope, receive_body, send)))
-        watch = asyncio.ensure_future(_disconnect_after(body_read, receive))
+        # The handler runs in this task; a watch of the connection cancels it when the client
+        # goes away (one task a request, not two and a wait).
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch_connection() -> None:
+            nonlocal gone
+            await body_read.wait()
+            await until_disconnect(receive)
+            gone = True
+            task.cancel()
+
+        watch = asyncio.ensure_future(watch_connection())
         try:
-            await asyncio.wait((handler, watch), return_when=asyncio.FIRST_COMPLETED)
+            app = await self.handler(Request(scope, receive_body, send))
+        except asyncio.CancelledError:
+            if not gone:
+                raise  # the shutdown ended it
+            task.uncancel()
+            app = client_gone(self.metrics)
         finally:
-            # Also when this request is cancelled (the shutdown ended it): nothing outlives it.
             watch.cancel()
-            if not handler.done():
-                handler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await handler
-        app = handler.result() if not handler.cancelled() else client_gone(self.metrics)
         await app(scope, receive, send)
-
-
-async def _disconnect_after(body_read: asyncio.Event, receive: Receive) -> None:
-    await body_read.wait()
-    await until_disconnect(receive)
 
 
 ANY = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -126,4 +126,9 @@ class CacheLedger:
 
 
 def _values(figures: CacheFigures) -> tuple[int, ...]:
-    return dataclasses.astuple(figures)
+    return (
+        figures.requests,
+        figures.prompt_tokens,
+        figures.cache_read_tokens,
+        figures.cache_creation_tokens,
+    )

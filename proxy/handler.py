@@ -171,6 +171,7 @@ class Handler:
     ) -> ClientRequest:
         """The request routed, with its session and what its own summary call may carry."""
         sessions = self.config.sessions
+        given = headers.items()  # starlette decodes them all at each call
         try:
             policy, upstream = self.config.route(
                 self.dialect.name, parsed.model, headers.get(sessions.policy_header)
@@ -190,11 +191,11 @@ class Handler:
             upstream=upstream,
             credentials=tuple(
                 (name, value)
-                for name, value in headers.items()
+                for name, value in given
                 if name in self.carried and name not in self.drop_headers
             ),
             window=self.dialect.window(headers),
-            headers=tuple(relayable(headers.items(), self.drop_headers)),
+            headers=tuple(relayable(given, self.drop_headers)),
             shadow=self.shadow(headers.get(sessions.shadow_header), policy),
         )
 

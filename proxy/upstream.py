@@ -60,14 +60,16 @@ def relayable(
 ) -> list[tuple[str, str]]:
     """Headers minus hop-by-hop ones (and those the Connection header names) and `drop`."""
     pairs = list(headers)
-    named = {
-        token.strip().lower()
-        for name, value in pairs
-        if name.lower() == "connection"
-        for token in value.split(",")
-    }
-    skip = HOP_BY_HOP | _FRAMING | named | drop
-    return [(n, v) for n, v in pairs if n.lower() not in skip]
+    names = [name.lower() for name, _ in pairs]
+    skip = HOP_BY_HOP | _FRAMING | drop
+    if "connection" in names:
+        skip |= {
+            token.strip().lower()
+            for name, (_, value) in zip(names, pairs, strict=True)
+            if name == "connection"
+            for token in value.split(",")
+        }
+    return [pair for name, pair in zip(names, pairs, strict=True) if name not in skip]
 
 
 class UpstreamResponse(Protocol):
