@@ -17,6 +17,8 @@
 3. The memos. Requests of K sessions of ~1,000 messages each (none compacted), in turn, through
    `Compactor.prepare`: the memos' hit rate and the time per request once every session was
    seen, for K around the memos' bound.
+4. The per-process ledgers (prompt-cache figures not yet written, calibration, exact counts),
+   each bounded by `store.max_sessions`: bytes per session (tracemalloc), its key included.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +50,12 @@ from compaction import LARGE_MODEL, request_of
 from compaction import proxy_config as unbounded_config
 
 from proxy.app import Proxy, create_app
+from proxy.cache_usage import CacheLedger
+from proxy.calibration import Calibration
 from proxy.config import loads
+from proxy.dialects import Usage
 from proxy.dialects.chat import Chat
+from proxy.exact_count import Counted
 from proxy.memo import content_keys
 from proxy.metrics import Metrics
 from proxy.sessions import session_key
@@ -264,6 +271,48 @@ async def memo_knee(actives: list[int], rounds: int) -> list[tuple[int, int, flo
     return results
 
 
+def ledger_bytes(count: int) -> dict[str, float]:
+    """Bytes per session of each per-process ledger holding `count` sessions, each with its
+    own key (held by the ledger once the request is gone) and figures past the small ints."""
+
+    def per_session(fill: Callable[[list[str]], object]) -> float:
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        kept = fill([session_key("t", f"ledger-{i}") for i in range(count)])
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del kept
+        return (after - before) / count
+
+    def cache(keys: list[str]) -> CacheLedger:
+        ledger = CacheLedger(count)
+        for i, key in enumerate(keys):
+            for _ in range(2):
+                ledger.observe(key, Usage(50_000 + i, 40_000 + i, 1_000 + i))
+        return ledger
+
+    def calibration(keys: list[str]) -> Calibration:
+        ratios = Calibration(count)
+        for key in keys:
+            ratios.observe(key, 1_234, 1_000, exact=False)
+        return ratios
+
+    def counted(keys: list[str]) -> dict[str, Counted]:
+        # As ExactCounts keeps them: the model as parsed (its own string), two hashes.
+        return {
+            key: Counted("".join(MODEL), key.upper(), 400 + i, key[::-1], 150_000 + i, 160_000 + i)
+            for i, key in enumerate(keys)
+        }
+
+    return {
+        "CacheLedger": per_session(cache),
+        "Calibration": per_session(calibration),
+        "ExactCounts": per_session(counted),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -311,6 +360,10 @@ def main() -> None:
     print("|---|---|---|---|")
     for active, distinct, hits, p50 in asyncio.run(memo_knee(actives, 2 if args.quick else 3)):
         print(f"| {active} | {distinct:,} | {hits:.1%} | {p50:.1f} ms |")
+    print("\n4. The per-process ledgers, bytes per session (its key included):\n")
+    print("| ledger | bytes per session | at store.max_sessions 10,000 |\n|---|---|---|")
+    for name, size in ledger_bytes(10_000).items():
+        print(f"| {name} | {size:,.0f} B | {size * 10_000 / 2**20:.1f} MiB |")
     print(f"\nthe run took {time.perf_counter() - started:.0f} s")
 
 

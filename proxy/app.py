@@ -69,20 +69,22 @@ class Proxy:
         self.metrics = metrics
         self.tenants = Tenants(config.auth)
         self.limits = ModelLimits(config)
-        self.cache = CacheLedger()  # prompt-cache figures not yet written, for both Sessions
+        max_sessions = config.store.max_sessions  # also bounds each per-session ledger
+        # Prompt-cache figures not yet written, for both Sessions.
+        self.cache = CacheLedger(max_sessions)
         self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open, cache=self.cache)
         summarizers = Summarizers(config, client, self.limits, metrics)
         self.prepared = PreparedSummaries(
             self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
         )
-        self.calibration = Calibration()
+        self.calibration = Calibration(max_sessions)
         self.compactor = Compactor(
             self.sessions,
             self.limits,
             self.prepared,
             self.calibration,
             max_branches=config.store.max_branches,
-            exact_counts=ExactCounts(client, self.calibration, metrics),
+            exact_counts=ExactCounts(client, self.calibration, metrics, max_sessions),
         )
         # The proxy's own headers stop here.
         sessions = config.sessions

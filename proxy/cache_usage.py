@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 import time
 from typing import Any
 
+from .capped import DEFAULT_MAX_SESSIONS, make_room
 from .dialects import Usage
 
-MAX_SESSIONS = 100_000
+# A session's unwritten figures as the ledger holds them: `at`, then the last answer's and the
+# totals, packed in 105 bytes where the objects took about 450 (bench/README.md, "Memory").
+_PACKED = struct.Struct("<d8q")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CacheFigures:
     """Prompt tokens of some answers, and how many of them the prompt cache read and wrote."""
 
@@ -62,7 +66,7 @@ class CacheFigures:
         return cls(*figures)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CacheUsage:
     """A session's prompt-cache figures: its last answer's, when it came, and the totals."""
 
@@ -93,36 +97,46 @@ class CacheUsage:
 
 
 class CacheLedger:
-    """Each session's figures that this process has read and not yet written (bounded in
-    number: oldest out)."""
+    """Each session's figures that this process has read and not yet written (at most
+    `max_sessions`: oldest out)."""
 
-    def __init__(self) -> None:
-        self._unwritten: dict[str, CacheUsage] = {}
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
+        self._unwritten: dict[str, bytes] = {}
 
     def observe(self, key: str, usage: Usage) -> None:
         figures = CacheFigures.of(usage)
         seen = CacheUsage(figures, time.time(), figures)
         old = self._unwritten.pop(key, None)
-        if old is None and len(self._unwritten) >= MAX_SESSIONS:
-            self._unwritten.pop(next(iter(self._unwritten)))
-        self._unwritten[key] = old.plus(seen) if old is not None else seen
+        make_room(self._unwritten, key, self.max_sessions)
+        self._unwritten[key] = _packed(_unpacked(old).plus(seen) if old is not None else seen)
 
     def unwritten(self, key: str) -> CacheUsage | None:
-        return self._unwritten.get(key)
+        found = self._unwritten.get(key)
+        return None if found is None else _unpacked(found)
 
     def forget(self, key: str) -> None:
         self._unwritten.pop(key, None)
 
     def written(self, key: str, usage: CacheUsage) -> None:
         """`usage`, as `unwritten` gave it, was written: only what came since stays."""
-        now = self._unwritten.get(key)
+        now = self.unwritten(key)
         if now is None:
             return
         rest = now.total - usage.total
         if rest.requests <= 0:
             del self._unwritten[key]
         else:
-            self._unwritten[key] = CacheUsage(now.last, now.at, rest)
+            self._unwritten[key] = _packed(CacheUsage(now.last, now.at, rest))
+
+
+def _packed(usage: CacheUsage) -> bytes:
+    return _PACKED.pack(usage.at, *_values(usage.last), *_values(usage.total))
+
+
+def _unpacked(data: bytes) -> CacheUsage:
+    at, *figures = _PACKED.unpack(data)
+    return CacheUsage(CacheFigures(*figures[:4]), at, CacheFigures(*figures[4:]))
 
 
 def _values(figures: CacheFigures) -> tuple[int, ...]:

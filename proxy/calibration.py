@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import math
 
+from .capped import DEFAULT_MAX_SESSIONS, make_room
+
 # chars/4 counts code and English a little high (ratios of about 0.8), CJK text about four
 # times too low, emoji and rare scripts up to about ten times: these bounds hold them all.
 MIN_RATIO, MAX_RATIO = 0.25, 16.0
-MAX_SESSIONS = 100_000
 
 
 class Calibration:
-    """Per-session ratios, bounded in number (oldest out)."""
+    """Per-session ratios, at most `max_sessions` (oldest out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self.max_sessions = max_sessions
         self._ratios: dict[str, float] = {}
 
     def ratio(self, key: str) -> float | None:
@@ -45,8 +47,7 @@ class Calibration:
             return
         observed = bounded(upstream_tokens / counted_tokens, exact=exact)
         old = self._ratios.get(key)
-        if old is None and len(self._ratios) >= MAX_SESSIONS:
-            self._ratios.pop(next(iter(self._ratios)))
+        make_room(self._ratios, key, self.max_sessions)
         if old is not None and observed < old:
             observed = math.sqrt(old * observed)
         self._ratios[key] = observed

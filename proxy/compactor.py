@@ -38,7 +38,7 @@ class Forward:
 
     body: bytes
     session_hash: str
-    action: str  # none | replayed | compacted | degraded
+    action: str  # none | replayed | compacted | degraded | refused (shadow mode only)
     store: str  # ok | unavailable
     tokens_before: int
     tokens_after: int
@@ -269,6 +269,10 @@ class Compactor:
                 target_tokens=target,
             )
             if not result.fits:
+                if turn.limits.counter.mode == "exact" and request.shadow:
+                    # The client's bytes go upstream, which judges them: the would-be refusal
+                    # is reported and recorded, not made.
+                    return await self._shadow_refused(turn, result, tokens_before, fence)
                 if turn.limits.counter.mode == "exact":
                     raise ContextLengthExceeded(
                         _overflow_message(turn, result), param=request.dialect.conversation_param
@@ -336,6 +340,24 @@ class Compactor:
         if turn.budget.status(tokens) == "compact":
             return None
         return self._forward(turn, entries, "replayed", tokens_before, tokens)
+
+    async def _shadow_refused(
+        self, turn: Turn, result: policies.Compaction, tokens_before: int, fence: int | None
+    ) -> Forward:
+        """A shadow request that would have been refused (even compacted it does not fit): the
+        refusal is kept among the session's decisions, and the client's request forwarded."""
+        refusal = policies.Decision(
+            "refuse", (), tokens_before, result.floor_tokens, detail="context_length_exceeded"
+        )
+        records = [decision_record(d, shadow=True) for d in (*result.decisions, refusal)]
+        await self.sessions.update(
+            turn.request.key,
+            lambda state: state.with_decisions(records),
+            fence=fence,
+            loaded=turn.loaded,
+        )
+        forward = self._forward(turn, None, "refused", tokens_before, tokens_before)
+        return dataclasses.replace(forward, decisions=(*result.decisions, refusal))
 
     async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> bool:
         """Store the compaction's plan for its branch; whether it was written."""

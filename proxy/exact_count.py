@@ -12,7 +12,11 @@ A count is kept per session with the prefix it covered (the chain hash of its me
 the plan they were rendered with): a later turn that extends that prefix adds the estimate
 of what it added, in the session's calibrated tokens, and asks nothing. Far from the level
 nothing is asked. A count that fails or is late leaves the decision to the estimate (fail
-open: a metric and a debug log line).
+open: a metric and a debug log line), and, unless the upstream blamed the body itself (400,
+413, 422), trips a breaker: for `cooldown_seconds` the estimate decides at once for that
+upstream (or that credential, when the upstream refused it or rate-limited it) and nothing
+is asked, so an outage of the count endpoint slows no request by more than one timeout per
+cooldown.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import orjson
 import policies
 
 from .calibration import Calibration, bounded
+from .capped import DEFAULT_MAX_SESSIONS, make_room
+from .cooldowns import Cooldowns, blamed_scope
 from .errors import ProxyError
 from .metrics import Metrics
 from .turn import Turn
@@ -34,10 +40,12 @@ from .upstream import UpstreamClient
 
 log = logging.getLogger("compaction_proxy")
 
-MAX_SESSIONS = 100_000
+# Statuses that blame the request's own body, not the upstream nor the credential: nothing
+# cools down for them.
+BODY_STATUSES = frozenset({400, 413, 422})
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Counted:
     """What the upstream counted for a session's request: its model, the plan it was
     rendered with, how many chain messages it had and their hash, the proxy's count of it
@@ -60,13 +68,22 @@ class Counted:
 
 
 class ExactCounts:
-    """Counts asked of upstreams, the last one of each session (bounded: oldest out)."""
+    """Counts asked of upstreams, the last one of each session (at most `max_sessions`:
+    oldest out)."""
 
-    def __init__(self, client: UpstreamClient, calibration: Calibration, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        calibration: Calibration,
+        metrics: Metrics,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ) -> None:
         self.client = client
+        self.max_sessions = max_sessions
         self.calibration = calibration
         self.metrics = metrics
         self._counted: dict[str, Counted] = {}
+        self.cooldowns = Cooldowns()
 
     @staticmethod
     def wanted(turn: Turn, tokens: int) -> bool:
@@ -98,8 +115,7 @@ class ExactCounts:
         if upstream is None:
             return None
         self._note("counted", key, tokens, upstream)
-        if key not in self._counted and len(self._counted) >= MAX_SESSIONS:
-            self._counted.pop(next(iter(self._counted)))
+        make_room(self._counted, key, self.max_sessions)
         chain = turn.chain
         self._counted[key] = Counted(
             request.parsed.model, plan, len(chain), chain.prefix(len(chain)), tokens, upstream
@@ -110,6 +126,10 @@ class ExactCounts:
 
     async def _ask(self, turn: Turn, body: bytes) -> int | None:
         request = turn.request
+        breakers = self.cooldowns.breakers(request.upstream, request.credentials, "count")
+        if self.cooldowns.cooling(*breakers.values()):
+            self.metrics.exact_counts.labels("cooling").inc()
+            return None
         dialect = request.dialect
         timeout = request.policy.exact_count.timeout_seconds
         path = str(dialect.count_path).removeprefix("/v1")
@@ -134,10 +154,18 @@ class ExactCounts:
             if counted is not None:
                 return counted
             outcome = "error"
+        scope = blamed_scope(status)
+        if status not in BODY_STATUSES:
+            self.cooldowns.trip(breakers[scope], request.policy.exact_count.cooldown_seconds)
         self.metrics.exact_counts.labels(outcome).inc()
         log.debug(
             "exact count failed: the estimate decides",
-            extra={"session": request.key[:16], "reason": outcome, "status": status},
+            extra={
+                "session": request.key[:16],
+                "reason": outcome,
+                "status": status,
+                "cooling": scope,
+            },
         )
         return None
 

@@ -2,8 +2,9 @@
 PostCompact hooks are).
 
 `pre_compact` is called before each summary is requested (on the request path and ahead of
-time) and may answer `{"instructions": "..."}`, added to the summarizer's instructions; it is
-waited for `timeout_seconds` at most. `post_compact` is told each compaction's outcome, in the
+time; not while the summarizer cools down after failures, when none is) and may answer
+`{"instructions": "..."}`, added to the summarizer's instructions; it is waited for
+`timeout_seconds` at most. `post_compact` is told each compaction's outcome, in the
 background. Neither ever fails a request: a hook that times out, errs or has too many calls
 under way is left out (a metric and a log line say so). No message, summary or anchor text
 is sent unless the hook says `include_text`.
@@ -28,6 +29,7 @@ from .config import Hooks as HooksSettings
 from .errors import HookFailed
 from .metrics import Metrics
 from .pool import pooled_session
+from .summarizer import GuardedSummarizer
 from .turn import Turn
 
 log = logging.getLogger("compaction_proxy")
@@ -50,18 +52,17 @@ class Hooks:
         if self._session is not None:
             await self._session.close()
 
-    def summarizer(
-        self, turn: Turn, llm: policies.Summarizer, *, ahead: bool
-    ) -> policies.Summarizer:
+    def summarizer(self, turn: Turn, llm: GuardedSummarizer, *, ahead: bool) -> policies.Summarizer:
         """`llm`, asking `pre_compact` first for instructions of its own (`ahead`: a summary
-        made ahead of time, off the request path)."""
+        made ahead of time, off the request path), unless `llm` is cooling down (it will fail
+        at once: the instructions would go unused, and the request wait for them)."""
         hook = self.settings.pre_compact
         if hook is None:
             return llm
 
         async def hooked(request: policies.SummaryRequest) -> str:
             extra = None
-            if self._admitted("pre_compact", hook):
+            if not llm.cooling and self._admitted("pre_compact", hook):
                 payload = {**_about(turn, "pre_compact"), "ahead": ahead}
                 payload |= _summary_request(request, include_text=hook.include_text)
                 extra = await self._call("pre_compact", hook, payload, _instructions)

@@ -160,7 +160,8 @@ class Metrics:
             "compaction_proxy_exact_counts",
             "Exact counts of requests near the compaction level (policy exact_count), by"
             " outcome: counted (asked of the upstream), cached (a prefix the upstream counted,"
-            " plus the estimate of what followed), timeout, error (the estimate decided).",
+            " plus the estimate of what followed), timeout, error (the estimate decided),"
+            " cooling (not asked after a recent failure: the estimate decided).",
             ["outcome"],
             registry=r,
         )
@@ -213,7 +214,7 @@ class Metrics:
         self.shadow_actions = Counter(
             "compaction_proxy_shadow_actions",
             "Requests under shadow mode (forwarded unchanged), by what the proxy would have"
-            " done to the conversation.",
+            " done to the conversation (refused: context_length_exceeded).",
             ["action"],
             registry=r,
         )

@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
-import time
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Protocol
 
 import policies
 from policies.message import call_arguments, call_name, tool_calls
 
 from .config import Config, Policy, Upstream
 from .config import Summarizer as SummarizerSettings
+from .cooldowns import Cooldowns, Scope, blamed_scope
 from .dialects import Dialect, dialect_of_kind
 from .errors import SummaryFailed
 from .limits import ModelLimits
@@ -68,42 +67,24 @@ def text_hash(summary: policies.Summary | None) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-Scope = Literal["credential", "upstream"]
-# What says that the credential, not the upstream, failed: it is refused or over its limits.
-CREDENTIAL_STATUSES = frozenset({401, 403, 429})
-
-
-class Cooldowns:
-    """After repeated failure, no new attempt for a while (circuit breakers), each keyed by
-    what failed: one credential, or one upstream for one model."""
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-        # Credentials are keyed by a keyed hash, so the breakers never hold one.
-        self._salt = os.urandom(16)
-
-    def cooling(self, key: str) -> bool:
-        return time.monotonic() < self._until.get(key, 0.0)
-
-    def trip(self, key: str, seconds: float) -> None:
-        now = time.monotonic()
-        # Breakers that have cooled down go: keys come from clients (models, credentials).
-        self._until = {k: until for k, until in self._until.items() if until > now}
-        self._until[key] = now + seconds
-
-    def credential_key(self, upstream: str, credential: str) -> str:
-        digest = hashlib.blake2b(credential.encode(), key=self._salt, digest_size=12)
-        return f"credential:{upstream}:{digest.hexdigest()}"
-
-
 class _Status(SummaryFailed):  # a signal inside this module: the upstream's status
     def __init__(self, status: int) -> None:
         super().__init__(f"status {status}")
         self.status = status
 
 
+class GuardedSummarizer(Protocol):
+    """A summarizer behind circuit breakers: `cooling` while one is open (a summary would
+    fail at once, with no call made)."""
+
+    @property
+    def cooling(self) -> bool: ...
+
+    async def __call__(self, request: policies.SummaryRequest) -> str: ...
+
+
 class SummarizerFactory(Protocol):
-    def for_request(self, request: ClientRequest) -> policies.Summarizer | None:
+    def for_request(self, request: ClientRequest) -> GuardedSummarizer | None:
         """The summarizer of one request; None: the mechanical digest stands in for summaries
         (an offline replay)."""
         ...
@@ -188,13 +169,13 @@ class LLMSummarizer:
 
     @property
     def breakers(self) -> dict[Scope, str]:
-        """The breaker of each thing a failure can be blamed on: the credential the calls
-        carry (the upstream's own key, else the caller's), and the upstream for this model."""
-        credential = self.upstream.api_key or "\n".join(v for _, v in sorted(self.credentials))
-        return {
-            "credential": self.cooldowns.credential_key(self.upstream.name, credential),
-            "upstream": f"upstream:{self.upstream.name}/{self.model}",
-        }
+        """The breakers of the credential the calls carry and of the upstream for this model."""
+        return self.cooldowns.breakers(self.upstream, self.credentials, self.model)
+
+    @property
+    def cooling(self) -> bool:
+        """Whether a breaker is open: a summary would fail at once, with no call made."""
+        return self.cooldowns.cooling(*self.breakers.values())
 
     async def __call__(self, request: policies.SummaryRequest) -> str:
         previous = request.previous
@@ -229,7 +210,7 @@ class LLMSummarizer:
         instructions: str | None,
     ) -> str:
         breakers = self.breakers
-        if any(self.cooldowns.cooling(key) for key in breakers.values()):
+        if self.cooldowns.cooling(*breakers.values()):
             self.metrics.summaries.labels("cooling_down").inc()
             raise SummaryFailed("summarizer cooling down after repeated failures")
         body = self.dialect.summary_body(
@@ -288,7 +269,7 @@ _OUTCOMES = {"timeout", "empty", "overlong"}
 def _blamed(exc: Exception) -> tuple[str, Scope]:
     """Why an attempt failed, and what to cool: the credential when the upstream refused it
     or rate-limited it, else the upstream (errors, timeouts, answers that were no summary)."""
-    if isinstance(exc, _Status) and exc.status in CREDENTIAL_STATUSES:
+    if isinstance(exc, _Status) and blamed_scope(exc.status) == "credential":
         return str(exc), "credential"
     return (str(exc) if isinstance(exc, SummaryFailed) else type(exc).__name__), "upstream"
 

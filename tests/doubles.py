@@ -18,14 +18,16 @@ class FakeSummarizer:
         self.answer = answer
         self.requests: list[policies.SummaryRequest] = []
 
-    def for_request(self, request: ClientRequest) -> policies.Summarizer:
-        async def summarize(summary_request: policies.SummaryRequest) -> str:
-            self.requests.append(summary_request)
-            if isinstance(self.answer, Exception):
-                raise self.answer
-            return self.answer
+    cooling = False  # no circuit breaker
 
-        return summarize
+    def for_request(self, request: ClientRequest) -> FakeSummarizer:
+        return self
+
+    async def __call__(self, summary_request: policies.SummaryRequest) -> str:
+        self.requests.append(summary_request)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
 
 
 class FailingStore(MemoryStore):

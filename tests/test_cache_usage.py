@@ -14,8 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.app import Proxy
 from proxy.cache_usage import CacheFigures, CacheLedger, CacheUsage
+from proxy.config import loads
 from proxy.dialects import Usage
+from proxy.metrics import Metrics
+from proxy.store import MemoryStore
+from proxy.upstream import UpstreamClient
 from tests.conversations import words
 from tests.fake_anthropic import FakeAnthropic
 from tests.harness import ADMIN_TOKEN, MODEL, SESSION_HEADER, harness
@@ -161,3 +166,35 @@ def test_what_is_written_and_what_is_not_add_up_to_every_answer(
     assert (shown.total if shown else CacheFigures()) == expected
     if shown is not None:
         assert CacheUsage.from_dict(shown.to_dict()) == shown
+
+
+@given(st.lists(st.sampled_from("abcdefgh"), max_size=40), st.integers(1, 5))
+def test_the_ledger_keeps_the_sessions_last_heard_from_up_to_its_bound(
+    keys: list[str], bound: int
+) -> None:
+    ledger = CacheLedger(bound)
+    model: dict[str, int] = {}  # the answers heard of each session kept, oldest first
+    for i, key in enumerate(keys):
+        ledger.observe(key, Usage(1_000 + i, i))
+        heard = model.pop(key, 0)
+        if len(model) >= bound:
+            del model[next(iter(model))]
+        model[key] = heard + 1
+    assert {k for k in "abcdefgh" if ledger.unwritten(k) is not None} == set(model)
+    assert set(model) == set(list(dict.fromkeys(reversed(keys)))[:bound])
+    for key, heard in model.items():
+        found = ledger.unwritten(key)
+        assert found is not None and found.total.requests == heard
+        assert found.last.prompt_tokens == 1_000 + len(keys) - 1 - keys[::-1].index(key)
+
+
+def test_every_per_session_ledger_is_bounded_by_store_max_sessions() -> None:
+    config = loads(
+        "upstreams: {u: {base_url: 'http://127.0.0.1:1/v1'}}\nstore: {max_sessions: 7}\n"
+    )
+    metrics = Metrics()
+    proxy = Proxy(config, MemoryStore(ttl_seconds=60), UpstreamClient(metrics), metrics)
+    exact_counts = proxy.compactor.exact_counts
+    assert exact_counts is not None
+    bounds = (proxy.cache.max_sessions, proxy.calibration.max_sessions, exact_counts.max_sessions)
+    assert bounds == (7, 7, 7)

@@ -25,6 +25,8 @@ SECRETS = {
     "CP_TEST_REDIS_PASSWORD": "redis-pass-5555",
     "CP_TEST_ITEMS_KEY": "items-key-0123456789abcdef0123456789",
     "CP_TEST_HOOK_TOKEN": "hook-token-4321",
+    "CP_TEST_HOOK_PASSWORD": "hook-password-2468",
+    "CP_TEST_HOOK_QUERY": "hook-query-1357",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -97,7 +99,7 @@ policies:
     cache_breakpoints: false
     provider_compaction: serve
     shadow: true
-    exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5}}
+    exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5, cooldown_seconds: 5}}
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -116,7 +118,7 @@ compaction_items:
   signing_key: ${{CP_TEST_ITEMS_KEY}}
 hooks:
   pre_compact:
-    url: http://127.0.0.1:9100/pre
+    url: http://hooks:${{CP_TEST_HOOK_PASSWORD}}@127.0.0.1:9100/pre?token=${{CP_TEST_HOOK_QUERY}}
     timeout_seconds: 0.5
     include_text: true
     max_in_flight: 8
@@ -177,6 +179,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert config.sessions.shadow_header == "X-Shadow"
     assert policy.summarizer.request_wait_seconds == 1.5
     assert (policy.exact_count.via, policy.exact_count.margin) == ("count_tokens", 0.2)
+    assert policy.exact_count.cooldown_seconds == 5
     assert config.policies["cheap"].exact_count.via == "none"
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)
@@ -466,6 +469,7 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"
     assert masked["hooks"]["post_compact"]["headers"] == {"Authorization": "***"}
+    assert masked["hooks"]["pre_compact"]["url"] == "http://hooks:***@127.0.0.1:9100/pre?token=***"
     text = orjson.dumps(masked).decode()
     for secret in secrets.values():
         assert secret not in text
@@ -478,10 +482,28 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
         ("redis://user:pw-1@cache:6380/1", "redis://user:***@cache:6380/1"),
         ("rediss://:pw-2@cache/0", "rediss://:***@cache/0"),
         ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("redis://token-3@cache/0", "redis://***@cache/0"),
+        (
+            "rediss://cache/0?ssl_keyfile=/k&ssl_check_hostname=false",
+            "rediss://cache/0?ssl_keyfile=***&ssl_check_hostname=***",
+        ),
     ],
 )
 def test_masked_store_urls(url: str, shown: str) -> None:
     assert loads(MINIMAL + f"store:\n  url: {url}\n").masked()["store"]["url"] == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://u:pw-3@h/p?token=tk-4&v=2#top", "https://u:***@h/p?token=***&v=***#top"),
+        ("https://tk-5@h:8443/p?tk-6", "https://***@h:8443/p?***"),
+        ("http://h/p#?x=1", "http://h/p#?x=1"),
+    ],
+)
+def test_masked_hook_urls(url: str, shown: str) -> None:
+    config = loads(MINIMAL + f"hooks:\n  pre_compact:\n    url: '{url}'\n")
+    assert config.masked()["hooks"]["pre_compact"]["url"] == shown
 
 
 def test_masked_lays_a_policy_out_as_in_the_file(secrets: dict[str, str]) -> None:

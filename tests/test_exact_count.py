@@ -226,8 +226,35 @@ def test_a_count_that_fails_or_is_late_leaves_the_estimate_to_decide(
     up.count_behavior = behavior
     with proxy_server(cfg) as proxy, httpx.Client() as http:
         assert send(proxy, messages, outcome)["x-compaction-action"] == "none"
+        # The upstream's count endpoint cools down: another session near the level is not
+        # counted (nor waits for a count), the estimate decides at once.
+        assert send(proxy, messages, f"{outcome}-2")["x-compaction-action"] == "none"
         failed = metric(http, proxy, "compaction_proxy_exact_counts_total", outcome=outcome)
-    assert len(counts(up)) == 1 and failed == 1
+        cooling = metric(http, proxy, "compaction_proxy_exact_counts_total", outcome="cooling")
+    assert len(counts(up)) == 1 and failed == 1 and cooling == 1
+
+
+@pytest.mark.parametrize(("behavior", "asked"), [("status:400", 3), ("status:429", 2)])
+def test_a_refused_count_cools_its_credential_only_or_nothing_for_its_body(
+    up: FakeAnthropic, behavior: str, asked: int
+) -> None:
+    """429 (or 401, 403): the credential's counts cool down, not another's. 400: the body was
+    at fault, nothing cools down."""
+    cfg = config(up, **EXACT)
+    messages = near_but_under(cfg, up)
+    up.count_behavior = behavior
+    with proxy_server(cfg) as proxy, httpx.Client() as http:
+        send(proxy, messages, "first")
+        send(proxy, messages, "same-key")
+        with anthropic.Anthropic(base_url=proxy.url, api_key=KEY + "-other", max_retries=0) as c:
+            c.messages.create(
+                model=SMALL,
+                max_tokens=MAX_TOKENS,
+                messages=messages,  # type: ignore[arg-type]
+                extra_headers={"X-Session-Id": "other-key"},
+            )
+        cooling = metric(http, proxy, "compaction_proxy_exact_counts_total", outcome="cooling")
+    assert len(counts(up)) == asked and cooling == 3 - asked
 
 
 def test_the_settings_are_checked_at_start_up(up: FakeAnthropic) -> None:
@@ -235,6 +262,7 @@ def test_the_settings_are_checked_at_start_up(up: FakeAnthropic) -> None:
         ({"margin": 0}, r"exact_count\.margin.*must be above 0 and at most 1"),
         ({"margin": 1.5}, r"exact_count\.margin.*must be above 0 and at most 1"),
         ({"timeout_seconds": 0}, r"exact_count\.timeout_seconds.*must be positive"),
+        ({"cooldown_seconds": -1}, r"exact_count\.cooldown_seconds.*must not be negative"),
         ({"via": "tokenizer"}, r"exact_count\.via"),
     ]:
         with pytest.raises(ConfigError, match=problem):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +15,11 @@ import pytest
 import policies
 from tests.fake_hook import FakeHook, closed_port_url
 from tests.harness import Harness, harness, prepare_ahead
-from tests.test_summarizer import released
+from tests.test_summarizer import NO_PREPARE, released
 
 PRE, POST = "/pre-compact", "/post-compact"
 INSTRUCTIONS = "Keep every ticket id verbatim."
+CONFIG_DOC = Path(__file__).parent.parent / "docs" / "config.md"
 ADDED = f"Additional instructions for this summary:\n{INSTRUCTIONS}"
 
 
@@ -32,6 +34,12 @@ def hooked(hooks: dict[str, dict[str, Any]], **sections: Any) -> Iterator[tuple[
         }
         with harness(hooks=settings, **sections) as h:
             yield h, hook
+
+
+def documented(field: str) -> bool:
+    """Whether the `hooks` section of docs/config.md names this payload field."""
+    section = CONFIG_DOC.read_text().split("## `hooks`", 1)[1].split("\n## ", 1)[0]
+    return f"`{field}`" in section
 
 
 def outcomes(h: Harness, hook: str, outcome: str) -> float:
@@ -81,6 +89,10 @@ def test_admin_instructions_come_first_then_the_hooks() -> None:
         assert summary["instructions"] == own
         assert summary["evicted"][0]["content"].startswith("Turn 0:")
         assert len(summary["evicted"]) == summary["messages"]
+        # docs/config.md names each field that include_text adds.
+        added = set(summary) - {"start", "end", "messages", "max_tokens", "previous"}
+        assert added == {"evicted", "previous_text", "instructions"}
+        assert all(documented(f"summary.{field}") for field in added)
 
 
 @pytest.mark.parametrize(
@@ -164,6 +176,9 @@ def test_post_compact_with_text_gets_the_summary_and_the_anchors() -> None:
         assert call["summary"]["text"].startswith("SUMMARY-")
         assert call["anchors"] == {"kept": 1, "complete": True, "text": "ORD-1234"}
         assert plan.anchor_block == "ORD-1234"
+        texts = [f"{part}.{field}" for part in ("summary", "anchors") for field in call[part]]
+        assert all(documented(t) for t in texts if t.endswith(".text"))
+        assert {"summary.text", "anchors.text"} <= set(texts)
 
 
 def test_post_compact_calls_past_max_in_flight_are_dropped() -> None:
@@ -195,3 +210,17 @@ def test_post_compact_is_told_when_a_late_summary_takes_the_digests_place() -> N
         assert (degraded["action"], degraded["summary"]["kind"]) == ("degraded", "digest")
         assert (settled["action"], settled["summary"]["kind"]) == ("settled", "llm")
         assert settled["session"] == degraded["session"] == chat.key
+
+
+def test_pre_compact_is_not_asked_while_the_summarizer_cools_down() -> None:
+    """No summary will be requested: the hook's instructions would go unused, and the request
+    would wait for them."""
+    cooling = {"default": {**NO_PREPARE, "summarizer": {"retries": 0, "cooldown_seconds": 600}}}
+    with hooked({"pre_compact": {"url": PRE}}, policies=cooling) as (h, hook):
+        h.summaries.answer = lambda n: RuntimeError("boom")
+        assert h.conversation(rounds=24).say()["x-compaction-action"] == "degraded"
+        assert len(hook.calls(PRE)) == h.up.summary_calls == 1
+        # Cooling down: the next compaction degrades at once, neither hook nor summary asked.
+        assert h.conversation("s2", rounds=24).say()["x-compaction-action"] == "degraded"
+        assert len(hook.calls(PRE)) == h.up.summary_calls == 1
+        assert h.metric("compaction_proxy_summaries_total", outcome="cooling_down") == 1

@@ -5,6 +5,7 @@ panel or an alert that never fires. Every metric and every alert is documented."
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import proxy.app  # noqa: F401  (every module: every error class)
+from proxy import errors
 from proxy.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +168,35 @@ def test_every_metric_is_documented_with_its_labels() -> None:
         if name.startswith("compaction_proxy_") and not name.endswith(("_bucket", "_count"))
     }
     assert {name: labels for name, (labels, _) in documented().items()} == exposed
+
+
+def refusal_reasons() -> set[str]:
+    """Every `reason` of compaction_proxy_refusals_total: the code (else the type) of each of
+    the proxy's error classes, and each code the proxy's source gives one of them. A provider's
+    error through litellm (ProviderError) is relayed as the upstream's answer, never counted."""
+    classes = {cls.__name__: cls for cls in _subclasses(errors.APIError)}
+    classes.pop(errors.ProviderError.__name__)
+    reasons = {cls.code or cls.error_type for cls in classes.values()}
+    for path in (ROOT / "proxy").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in classes:
+                reasons.update(
+                    keyword.value.value
+                    for keyword in node.keywords
+                    if keyword.arg == "code" and isinstance(keyword.value, ast.Constant)
+                )
+    return reasons
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {sub for direct in cls.__subclasses__() for sub in {direct, *_subclasses(direct)}}
+
+
+def test_every_refusal_reason_is_documented() -> None:
+    reasons = refusal_reasons()
+    assert {"invalid_type", "invalid_encrypted_content", "upstream_timeout"} <= reasons
+    _, description = documented()["compaction_proxy_refusals_total"]
+    assert reasons - set(re.findall(r"`(\w+)`", description)) == set()
 
 
 @pytest.mark.parametrize(

@@ -143,3 +143,37 @@ def test_under_shadow_an_upstream_overflow_is_relayed_as_it_is() -> None:
         assert response.json()["error"]["code"] == "context_length_exceeded"
         assert response.headers["x-compaction-action"] == "shadow-compacted"
         assert chat_bodies(h) == [raw]
+
+
+@pytest.mark.parametrize("shadow", [True, False])
+def test_under_shadow_a_would_be_refusal_is_reported_and_the_request_forwarded(
+    shadow: bool,
+) -> None:
+    """One message over the proxy's window (4096) but within the upstream's (8192): the proxy
+    refuses it, except under shadow mode, where the upstream judges the client's bytes."""
+    with harness() as h:
+        raw = orjson.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 5000}]}
+        )
+        headers = {SESSION_HEADER: "huge", "Authorization": "Bearer sk-test"}
+        response = httpx.post(
+            h.url + "/v1/chat/completions",
+            content=raw,
+            headers={**headers, SHADOW_HEADER: "1" if shadow else "0"},
+        )
+        refusals = h.metric("compaction_proxy_refusals_total", reason="context_length_exceeded")
+        if not shadow:
+            assert response.status_code == 400
+            assert response.json()["error"]["code"] == "context_length_exceeded"
+            assert refusals == 1 and not chat_bodies(h)
+            return
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compaction-action"] == "shadow-refused"
+        assert chat_bodies(h) == [raw]
+        assert refusals == 0  # nothing was refused
+        assert h.metric("compaction_proxy_shadow_actions_total", action="refused") == 1
+        assert h.metric("compaction_proxy_compaction_actions_total", action="none") == 1
+        key = response.headers["x-compaction-session"]
+        decisions = h.admin("GET", f"/admin/sessions/{key}").json()["decisions"]
+        assert decisions[-1]["layer"] == "refuse" and decisions[-1]["shadow"] is True
+        assert decisions[-1]["detail"] == "context_length_exceeded"

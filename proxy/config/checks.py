@@ -46,6 +46,8 @@ def check(config: Config, source: Source) -> None:
             p(("policies", name, "exact_count", "margin"), "must be above 0 and at most 1")
         if policy.exact_count.timeout_seconds <= 0:
             p(("policies", name, "exact_count", "timeout_seconds"), "must be positive")
+        if policy.exact_count.cooldown_seconds < 0:
+            p(("policies", name, "exact_count", "cooldown_seconds"), "must not be negative")
     if config.default_policy not in config.policies:
         p(("default_policy",), f"names no policy: {config.default_policy!r}")
     _check_routes(config, p)

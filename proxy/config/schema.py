@@ -189,6 +189,8 @@ class ExactCount:
     via: Literal["none", "count_tokens"] = "none"
     margin: float = 0.15  # near: within this fraction of the compaction level, either side
     timeout_seconds: float = 2.0
+    # After a count failed or was late, the estimate decides at once for this long.
+    cooldown_seconds: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,8 +358,9 @@ class Config:
             data["compaction_items"]["signing_key"] = "***"
         data["store"]["url"] = masked_url(data["store"]["url"])
         for hook in data["hooks"].values():
-            if hook is not None:  # a hook's headers are where its credential goes
+            if hook is not None:  # a hook's headers and URL are where its credential goes
                 hook["headers"] = dict.fromkeys(hook["headers"], "***")
+                hook["url"] = masked_url(hook["url"])
         for policy in data["policies"].values():
             policy.update(policy.pop("compaction"))
             # A layer is a mapping of its name to its parameters.

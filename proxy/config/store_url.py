@@ -128,14 +128,25 @@ def parse_store_url(url: str) -> StoreURL:
 
 
 def masked_url(url: str) -> str:
-    """`url` with its password, if any, replaced by ***."""
+    """`url` with what may be a credential replaced by ***: the password (the whole userinfo
+    when it is one name alone, as a token is given) and every query value."""
     scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     userinfo, at, hosts = rest[:end].rpartition("@")
     user, colon, _ = userinfo.partition(":")
-    if not (sep and at and colon):
-        return url
-    return f"{scheme}://{user}:***@{hosts}{rest[end:]}"
+    authority = (f"{user}:***@" if colon else "***@") + hosts if at else hosts
+    located, hash_sign, fragment = rest[end:].partition("#")
+    path, question, query = located.partition("?")
+    if query:
+        query = "&".join(_masked_parameter(p) for p in query.split("&"))
+    return f"{scheme}://{authority}{path}{question}{query}{hash_sign}{fragment}"
+
+
+def _masked_parameter(parameter: str) -> str:
+    name, equals, _ = parameter.partition("=")
+    return f"{name}=***" if equals else "***" if parameter else ""
 
 
 def _node(text: str, default_port: int) -> tuple[str, int]:
