@@ -168,9 +168,16 @@ class ProviderCompaction:
         shadow = self.handler.shadow(headers.get(self.config.sessions.shadow_header), policy)
         return _Read(raw, body, _listed(given), tenant, policy, upstream, shadow)
 
+    def _owner(self, read: _Read) -> str:
+        """Whom an item is bound to: the inbound key's id where `auth.keys` names callers (an
+        identity that outlives a rotated credential); else no one but the signing key, since
+        a credential's hash changes with every rotated key or refreshed token, and an item
+        that no longer opens would end the conversation that holds it."""
+        return read.tenant if self.tenants.enforced else ""
+
     def _expanded(self, read: _Read) -> _Read:
         """`read` with the proxy's items expanded (itself when there is none)."""
-        opened = functools.partial(self.seal.open, read.tenant)
+        opened = functools.partial(self.seal.open, self._owner(read))
         role = read.policy.compaction.summary_role
         expanded = expand(read.items, opened, self.dialect.summary_items, role)
         if expanded is None:
@@ -218,7 +225,7 @@ class ProviderCompaction:
             )
             text = policies.digest(None, messages, max_tokens=cap, counter=counter)
             summary = Summary(text, "digest")
-        content = self.seal.seal(read.tenant, summary)
+        content = self.seal.seal(self._owner(read), summary)
         item = {"id": _new_id("cmp"), "type": "compaction", "encrypted_content": content}
         served = _Served(
             item,
