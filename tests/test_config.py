@@ -27,6 +27,7 @@ SECRETS = {
     "CP_TEST_HOOK_TOKEN": "hook-token-4321",
     "CP_TEST_HOOK_PASSWORD": "hook-password-2468",
     "CP_TEST_HOOK_QUERY": "hook-query-1357",
+    "CP_TEST_HOOK_PATH": "hook-path-8642",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -123,7 +124,7 @@ hooks:
     include_text: true
     max_in_flight: 8
   post_compact:
-    url: https://hooks.example.com/post
+    url: https://hooks.example.com/services/${{CP_TEST_HOOK_PATH}}
     headers: {{Authorization: "Bearer ${{CP_TEST_HOOK_TOKEN}}"}}
 logging:
   level: debug
@@ -469,7 +470,8 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"
     assert masked["hooks"]["post_compact"]["headers"] == {"Authorization": "***"}
-    assert masked["hooks"]["pre_compact"]["url"] == "http://hooks:***@127.0.0.1:9100/pre?token=***"
+    assert masked["hooks"]["pre_compact"]["url"] == "http://hooks:***@127.0.0.1:9100/***?token=***"
+    assert masked["hooks"]["post_compact"]["url"] == "https://hooks.example.com/***"
     text = orjson.dumps(masked).decode()
     for secret in secrets.values():
         assert secret not in text
@@ -496,9 +498,11 @@ def test_masked_store_urls(url: str, shown: str) -> None:
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("https://u:pw-3@h/p?token=tk-4&v=2#top", "https://u:***@h/p?token=***&v=***#top"),
-        ("https://tk-5@h:8443/p?tk-6", "https://***@h:8443/p?***"),
-        ("http://h/p#?x=1", "http://h/p#?x=1"),
+        ("https://u:pw-3@h/p?token=tk-4&v=2#top", "https://u:***@h/***?token=***&v=***#top"),
+        ("https://tk-5@h:8443/p?tk-6", "https://***@h:8443/***?***"),
+        ("http://h/p#?x=1", "http://h/***#?x=1"),
+        ("https://discord.com/api/webhooks/123/tk-7", "https://discord.com/***"),
+        ("http://h:9000/", "http://h:9000/"),
     ],
 )
 def test_masked_hook_urls(url: str, shown: str) -> None:

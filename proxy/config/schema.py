@@ -360,7 +360,7 @@ class Config:
         for hook in data["hooks"].values():
             if hook is not None:  # a hook's headers and URL are where its credential goes
                 hook["headers"] = dict.fromkeys(hook["headers"], "***")
-                hook["url"] = masked_url(hook["url"])
+                hook["url"] = masked_url(hook["url"], mask_path=True)
         for policy in data["policies"].values():
             policy.update(policy.pop("compaction"))
             # A layer is a mapping of its name to its parameters.

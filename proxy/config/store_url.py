@@ -127,9 +127,10 @@ def parse_store_url(url: str) -> StoreURL:
     )
 
 
-def masked_url(url: str) -> str:
+def masked_url(url: str, *, mask_path: bool = False) -> str:
     """`url` with what may be a credential replaced by ***: the password (the whole userinfo
-    when it is one name alone, as a token is given) and every query value."""
+    when it is one name alone, as a token is given), every query value and, with
+    `mask_path`, the path (webhooks often carry their token in it)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -139,6 +140,8 @@ def masked_url(url: str) -> str:
     authority = (f"{user}:***@" if colon else "***@") + hosts if at else hosts
     located, hash_sign, fragment = rest[end:].partition("#")
     path, question, query = located.partition("?")
+    if mask_path and path not in ("", "/"):
+        path = "/***"
     if query:
         query = "&".join(_masked_parameter(p) for p in query.split("&"))
     return f"{scheme}://{authority}{path}{question}{query}{hash_sign}{fragment}"
