@@ -126,7 +126,10 @@ class ExactCounts:
 
     async def _ask(self, turn: Turn, body: bytes) -> int | None:
         request = turn.request
-        breakers = self.cooldowns.breakers(request.upstream, request.credentials, "count")
+        # By model, as the summarizer's: one caller's model the upstream lacks or chokes on
+        # must not leave every other caller on the estimate.
+        what = f"count/{request.parsed.model}"
+        breakers = self.cooldowns.breakers(request.upstream, request.credentials, what)
         if self.cooldowns.cooling(*breakers.values()):
             self.metrics.exact_counts.labels("cooling").inc()
             return None

@@ -234,6 +234,32 @@ def test_a_count_that_fails_or_is_late_leaves_the_estimate_to_decide(
     assert len(counts(up)) == 1 and failed == 1 and cooling == 1
 
 
+def test_a_failing_count_cools_its_model_only(up: FakeAnthropic) -> None:
+    """One caller's model that the upstream cannot count does not leave every other model of
+    it on the estimate."""
+    other = "claude-other"
+    cfg = config(
+        up,
+        models=[{"match": m, "context_window": WINDOW} for m in (SMALL, other)],
+        **EXACT,
+    )
+    messages = near_but_under(cfg, up)
+    up.count_behavior = "status:500"
+    with proxy_server(cfg) as proxy, httpx.Client() as http:
+        send(proxy, messages, "small")
+        with client_of(proxy) as client:
+            client.messages.create(
+                model=other,
+                max_tokens=MAX_TOKENS,
+                messages=messages,  # type: ignore[arg-type]
+                extra_headers={"X-Session-Id": "other-model"},
+            )
+        assert metric(http, proxy, "compaction_proxy_exact_counts_total", outcome="cooling") == 0
+        send(proxy, messages, "small-again")
+        cooling = metric(http, proxy, "compaction_proxy_exact_counts_total", outcome="cooling")
+    assert [c["model"] for c in counts(up)] == [SMALL, other] and cooling == 1
+
+
 @pytest.mark.parametrize(("behavior", "asked"), [("status:400", 3), ("status:429", 2)])
 def test_a_refused_count_cools_its_credential_only_or_nothing_for_its_body(
     up: FakeAnthropic, behavior: str, asked: int
