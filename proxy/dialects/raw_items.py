@@ -16,6 +16,7 @@ the result of that path, never a different one.
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,6 +35,7 @@ _WHITESPACE = b" \t\n\r"  # JSON's (bytes.strip's default strips more)
 # A field named "" (only a name is followed by a colon; a string ending in an escaped quote
 # may match too, and is then read whole).
 _EMPTY_NAME = re.compile(rb'""[ \t\n\r]*:')
+_BETWEEN = re.compile(rb"[ \t\n\r]*,?[ \t\n\r]*")  # what comes between items of an array
 
 
 class Split(NamedTuple):
@@ -83,19 +85,28 @@ class KnownItems:
 
     def _whole(self, raw: bytes, field: str) -> Split | None:
         fields = _FIELDS.decode(raw)
-        conversation = fields.pop(field, None)
-        if conversation is None:
+        if field not in fields:
             return None
-        body = _values(fields)
-        array = bytes(conversation)
-        spans = list(map(bytes, _ITEMS.decode(array)))
-        split = self._split(body, field, None, spans)
-        start = _only(array, raw) if split is not None and spans else None
+        names = list(fields)
+        at = names.index(field)
+        conversation = fields.pop(field)
+        values = _values(fields)
+        listed = bytes(conversation)
+        spans = list(map(bytes, _ITEMS.decode(listed)))
+        split = self._split(
+            {name: values[name] for name in names[:at]},
+            field,
+            {name: values[name] for name in names[at + 1 :]},
+            None,
+            spans,
+        )
+        start = _only(listed, raw) if split is not None and spans else None
         if split is not None and start is not None:  # where the conversation is
             before = _FIELDS.decode(raw[:start] + b"null}")
             before.pop(field)
-            end = start + len(array[:-1].rstrip(_WHITESPACE))
-            self.bodies.add(_Known(raw[:end], _values(before), split))
+            end = start + len(listed[:-1].rstrip(_WHITESPACE))
+            offsets = _offsets(listed, spans, start)
+            self.bodies.add(_known(raw[:end], _values(before), offsets, split))
         return split
 
     def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
@@ -113,31 +124,40 @@ class KnownItems:
         # The items after the known ones, and the fields after the conversation: the rest of
         # the body as an object whose first field holds them.
         fields = _FIELDS.decode(b'{"":[' + rest)
-        array = bytes(fields.pop(""))
+        listed = bytes(fields.pop(""))
         if field in fields:
             return None
-        spans = list(map(bytes, _ITEMS.decode(array)))
-        split = self._split({**known.before, **_values(fields)}, field, known.split, spans)
+        spans = list(map(bytes, _ITEMS.decode(listed)))
+        split = self._split(known.before, field, _values(fields), known, spans)
         if split is not None and spans:
-            end = len(raw) - len(rest) + len(array[:-1].rstrip(_WHITESPACE)) - 1
-            self.bodies.replace(known, _Known(raw[:end], known.before, split))
+            start = len(raw) - len(rest)  # of listed[1:]
+            end = start + len(listed[:-1].rstrip(_WHITESPACE)) - 1
+            offsets = known.offsets + _offsets(listed, spans, start - 1)
+            self.bodies.replace(known, _known(raw[:end], known.before, offsets, split))
         return split
 
     def _split(
-        self, body: dict[str, Any], field: str, known: Split | None, spans: list[bytes]
+        self,
+        before: dict[str, Any],
+        field: str,
+        after: dict[str, Any],
+        known: _Known | None,
+        spans: list[bytes],
     ) -> Split | None:
-        """The body with its conversation: the items of `known` (if any) followed by those of
-        `spans`."""
-        model = body.get("model")
+        """The body: the fields `before`, the conversation in `field` (the items of `known`, if
+        any, followed by those of `spans`), the fields `after` (a field named twice stays where
+        it was named first, as for orjson)."""
+        model = after["model"] if "model" in after else before.get("model")
         if not isinstance(model, str) or not model:
             return None
         items = self.memo.each(spans, self._read, spans)
         # The dict look-ups above hashed every span; bytes keep their hash.
         keys = list(map(hash, spans))
         if known is not None:
-            items, spans, keys = known.items + items, known.raw + spans, known.keys + keys
-        body[field] = items
-        return Split(body, items, spans, keys)
+            pairs, prefix = iter(known.offsets), known.prefix
+            history = [prefix[start:end] for start, end in zip(pairs, pairs, strict=True)]
+            items, spans, keys = known.items + items, history + spans, known.keys.tolist() + keys
+        return Split({**before, field: items, **after}, items, spans, keys)
 
     def _read(self, span: bytes) -> Any:
         """A new item, read as the whole-body path reads it: parsed, no deeper than the body
@@ -150,17 +170,49 @@ class KnownItems:
 
 class _Known(NamedTuple):
     """A body read: its bytes up to the end of its conversation's last item, the fields
-    before the conversation, and what it was read as."""
+    before the conversation, where each item is in those bytes (its first byte and the one
+    after its last, in turn), the key of each (`Split.keys`), each decoded (the memo's own
+    objects while it holds them), and the bytes all that takes (about: `_size`)."""
 
     prefix: bytes
     before: dict[str, Any]
-    split: Split
+    offsets: array[int]
+    keys: array[int]
+    items: list[Any]
+    size: int
+
+
+# What a body kept takes beside its bytes, an upper bound (tracemalloc measures 0.7 to 0.9 of
+# it for short, long and tool-call messages; tests/test_raw_items.py holds the bound to it):
+# its own objects, and for each item its offsets, key, place in the list and decoded form (the
+# memo may hold that too): 400 B an item and 2 B a byte of its JSON.
+_PER_BODY = 1_000
+_PER_ITEM = 400
+_DECODED_PER_BYTE = 2
+
+
+def _known(prefix: bytes, before: dict[str, Any], offsets: array[int], split: Split) -> _Known:
+    size = _PER_BODY + (1 + _DECODED_PER_BYTE) * len(prefix) + _PER_ITEM * len(split.items)
+    return _Known(prefix, before, offsets, array("q", split.keys), split.items, size)
+
+
+def _offsets(listed: bytes, spans: list[bytes], at: int) -> array[int]:
+    """Where each of `spans`, the items of the JSON array `listed`, begins and ends, in the
+    bytes `listed` is at `at` in."""
+    offsets, end = array("Q"), 1
+    for span in spans:
+        start = _BETWEEN.match(listed, end).end()  # type: ignore[union-attr]
+        end = start + len(span)
+        offsets.append(at + start)
+        offsets.append(at + end)
+    return offsets
 
 
 class KnownBodies:
     """The bodies read last, found by their first `head` bytes (several sessions may begin
-    alike: a shared system prompt), at most `per_head` a head and `max_bytes` of their bytes
-    in all (or the one body read last, if larger), the least recently used dropped first."""
+    alike: a shared system prompt), at most `per_head` a head and about `max_bytes` of memory
+    in all, their bytes and what is kept of their items (or the one body read last, if
+    larger), the least recently used dropped first."""
 
     def __init__(self, *, head: int = 256, per_head: int = 32, max_bytes: int = 8 << 20) -> None:
         self.head = head
@@ -183,16 +235,16 @@ class KnownBodies:
         head = known.prefix[: self.head]
         bodies = self._by_head.pop(head, [])  # back in, as the most recently used
         bodies.insert(0, known)
-        self.held += len(known.prefix)
+        self.held += known.size
         for dropped in bodies[self.per_head :]:
-            self.held -= len(dropped.prefix)
+            self.held -= dropped.size
         self._by_head[head] = bodies[: self.per_head]
         while self.held > self.max_bytes:  # the least recently used out, but for this body
             oldest = next(iter(self._by_head))
             others = self._by_head[oldest]
-            if others == [known]:
+            if len(others) == 1 and others[0] is known:
                 break
-            self.held -= len(others.pop().prefix)
+            self.held -= others.pop().size
             if not others:
                 del self._by_head[oldest]
 
@@ -202,7 +254,7 @@ class KnownBodies:
         bodies = self._by_head.get(head, [])
         if any(known is old for known in bodies):
             self._by_head[head] = [known for known in bodies if known is not old]
-            self.held -= len(old.prefix)
+            self.held -= old.size
         self.add(new)
 
 
