@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import tracemalloc
+from array import array
 from typing import Any
 
 import msgspec
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.dialects.chat import Chat
-from proxy.dialects.raw_items import KnownBodies, KnownItems
+from proxy.dialects.raw_items import KnownBodies, KnownItems, _Cut
 from proxy.errors import InvalidRequest
 from proxy.memo import content_keys
 
@@ -113,7 +114,7 @@ def test_the_split_reads_what_the_whole_body_path_reads(raws: list[bytes]) -> No
         assert orjson.loads(forwarded) == orjson.loads(raw)
         sent = msgspec.json.decode(forwarded, type=dict[str, msgspec.Raw])["messages"]
         spans = [bytes(span) for span in msgspec.json.decode(sent, type=list[msgspec.Raw])]
-        assert spans == list(parsed.items) == split.raw
+        assert spans == list(parsed.items) == list(split.raw)
 
 
 @settings(max_examples=200, deadline=None)
@@ -352,3 +353,28 @@ def test_the_bodies_kept_take_about_their_bound_in_memory(message: Any) -> None:
         tracemalloc.stop()
     assert bound // 2 <= known.bodies.held <= bound
     assert bound // 2 <= taken <= 1.25 * bound
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=8), max_size=6),
+    st.lists(st.binary(min_size=1, max_size=8), max_size=3),
+    st.integers(-12, 12),
+    st.slices(12),
+)
+def test_the_bytes_cut_from_a_known_body_are_a_list_of_them(
+    known: list[bytes], after: list[bytes], index: int, part: slice
+) -> None:
+    """The items of a known body are cut from its bytes only when asked for: whatever is
+    asked, the answer is the list's."""
+    prefix, offsets = b"", array("Q")
+    for span in known:
+        prefix += b", "
+        offsets.extend((len(prefix), len(prefix) + len(span)))
+        prefix += span
+    cut, listed = _Cut(prefix, offsets, after), known + after
+    assert len(cut) == len(listed) and list(cut) == listed and cut[part] == listed[part]
+    if -len(listed) <= index < len(listed):
+        assert cut[index] == listed[index]
+    else:
+        with pytest.raises(IndexError):
+            cut[index]

@@ -131,7 +131,9 @@ class Chat(OpenAIDialect):
         return content if isinstance(content, str) else ""
 
 
-def _parsed(raw: bytes, body: dict[str, Any], items: list[Any], keys: list[int] | None) -> Parsed:
+def _parsed(
+    raw: bytes, body: dict[str, Any], items: Sequence[Any], keys: list[int] | None
+) -> Parsed:
     """The request, its messages (`body["messages"]`) checked; `items` are the messages as
     dicts, or the client's bytes of each."""
     max_tokens = optional_int(body, "max_tokens")

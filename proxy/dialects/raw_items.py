@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, overload
 
 import msgspec
 import orjson
@@ -44,7 +44,7 @@ class Split(NamedTuple):
 
     body: dict[str, Any]  # every field; the conversation's items decoded (the list `items`)
     items: list[Any]
-    raw: list[bytes]  # the client's bytes of each item
+    raw: Sequence[bytes]  # the client's bytes of each item
     keys: list[int]  # a content key of each item (`proxy.memo`): the hash of its bytes
 
 
@@ -153,11 +153,11 @@ class KnownItems:
         items = self.memo.each(spans, self._read, spans)
         # The dict look-ups above hashed every span; bytes keep their hash.
         keys = list(map(hash, spans))
+        raw: Sequence[bytes] = spans
         if known is not None:
-            pairs, prefix = iter(known.offsets), known.prefix
-            history = [prefix[start:end] for start, end in zip(pairs, pairs, strict=True)]
-            items, spans, keys = known.items + items, history + spans, known.keys.tolist() + keys
-        return Split({**before, field: items, **after}, items, spans, keys)
+            items, keys = known.items + items, known.keys.tolist() + keys
+            raw = _Cut(known.prefix, known.offsets, spans)
+        return Split({**before, field: items, **after}, items, raw, keys)
 
     def _read(self, span: bytes) -> Any:
         """A new item, read as the whole-body path reads it: parsed, no deeper than the body
@@ -166,6 +166,37 @@ class KnownItems:
         if not self.accepts(item):
             raise _Refused
         return item
+
+
+class _Cut(Sequence[bytes]):
+    """The bytes of a known body's items, each cut from the body's when asked for (a turn that
+    goes upstream as it came asks for none), then those of the items after them."""
+
+    def __init__(self, prefix: bytes, offsets: array[int], after: list[bytes]) -> None:
+        self._prefix = prefix
+        self._offsets = offsets
+        self._known = len(offsets) // 2
+        self._after = after
+
+    def __len__(self) -> int:
+        return self._known + len(self._after)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+            if index < 0:
+                raise IndexError(index)
+        if index < self._known:
+            return self._prefix[self._offsets[2 * index] : self._offsets[2 * index + 1]]
+        return self._after[index - self._known]
 
 
 class _Known(NamedTuple):
