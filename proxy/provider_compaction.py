@@ -68,11 +68,13 @@ ACTION = "provider_compaction"  # the x-compaction-action of a provider compacti
 _SHADOWED = [("x-compaction-action", shown_action(ACTION, shadow=True)), SHADOW_HEADER]
 # One scan of a body tells that it holds no compaction or compaction_trigger item (both
 # types start so); only then the two longer, slower ones. A JSON string may spell any of
-# its characters as a \u escape, so a body with one is always read (found by a regex: its
-# search for these two bytes takes a third of the time of `in`, ~0.12 ms on 400 KB).
+# its characters as a \u escape, so a body that spells a printable ASCII character so (all
+# the markers' are) is always read. Escaped non-ASCII text (Python's json.dumps writes
+# all of it so) is not: that would parse every such body twice. (A regex: ~0.1 ms on
+# 400 KB of plain text, ~0.35 ms on 700 KB of escaped CJK text.)
 _ITEMS = b'"compaction'
 _TRIGGER = b'"' + TRIGGER.encode() + b'"'
-_ESCAPE = re.compile(rb"\\u")
+_ESCAPE = re.compile(rb"\\u00[2-7][0-9A-Fa-f]")
 MIN_SUMMARY_TOKENS = 256  # a summary cap below this says too little to go on from
 
 
@@ -383,7 +385,8 @@ class _Served:
 
 def may_hold_items(raw: bytes) -> bool:
     """Whether a Responses body may hold a compaction_trigger or a proxy's compaction item:
-    it holds their markers as such, or a \\u escape (which may spell them otherwise)."""
+    it holds their markers as such, or a \\u escape of a printable ASCII character (which may
+    spell them otherwise)."""
     return (_ITEMS in raw and (MARKER in raw or _TRIGGER in raw)) or _ESCAPE.search(raw) is not None
 
 
