@@ -384,7 +384,8 @@ class ProxyApp(Starlette):
     """The routes behind the gate (`proxy.gate`). A POST to an API's path, nearly every
     request, goes straight to its endpoint by one look-up of its path: Starlette's middleware
     and router are for the rest (they would only pass such a request on, at a tenth of its
-    own work). Its endpoint turns every failure into an answer itself (`guarded`)."""
+    own work). Its endpoint turns every failure into an answer itself (`guarded`); middleware
+    added to this app (`add_middleware`) does not see those requests."""
 
     def __init__(
         self,

@@ -337,8 +337,7 @@ class Handler:
 def _response(payload: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
     """A whole answer with exactly these headers (and its length)."""
     out = Response(payload, status_code=status)
-    # (uvicorn lower-cases the names as it sends them)
-    out.raw_headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    out.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
     out.raw_headers.append((b"content-length", str(len(payload)).encode()))
     return out
 

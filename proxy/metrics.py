@@ -14,6 +14,7 @@ from typing import Generic, NamedTuple, TypeVar
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.utils import INF, floatToGoString
 
 from .errors import APIError
@@ -67,7 +68,7 @@ class HistogramSeries:
 S = TypeVar("S", CounterSeries, HistogramSeries)
 
 
-class _Family(Generic[S]):
+class _Family(Collector, Generic[S]):
     """A metric's series by their label values, exposed as prometheus_client's own.
 
     prometheus_client's metrics check and convert the label values at every `labels()` and
@@ -100,10 +101,14 @@ class _Family(Generic[S]):
             found = self._series[values] = self._new()
         return found
 
+    def describe(self) -> Iterator[Metric]:
+        """The metric without its samples: the registry refuses a name registered twice."""
+        yield self._family()
+
     def _new(self) -> S:
         raise NotImplementedError
 
-    def collect(self) -> Iterator[Metric]:
+    def _family(self) -> Metric:
         raise NotImplementedError
 
 
@@ -111,12 +116,15 @@ class Counter(_Family[CounterSeries]):
     def _new(self) -> CounterSeries:
         return CounterSeries()
 
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
     def inc(self, amount: float = 1) -> None:
         """The unlabelled counter's inc."""
         self.labels().inc(amount)
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         for values, series in self._series.items():
             family.add_metric(values, series.value)
         yield family
@@ -139,8 +147,11 @@ class Histogram(_Family[HistogramSeries]):
     def _new(self) -> HistogramSeries:
         return HistogramSeries(self.bounds)
 
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         for values, series in self._series.items():
             total, buckets = 0, []
             for le, count in zip(self._les, series.counts, strict=True):

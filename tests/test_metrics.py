@@ -218,13 +218,15 @@ def test_the_series_are_exposed_as_prometheus_client_exposes_its_own(
     assert generate_latest(ours).splitlines() == expected
 
 
-def test_a_counter_refuses_to_go_down_and_wrong_labels() -> None:
+def test_a_counter_refuses_to_go_down_wrong_labels_and_a_name_taken() -> None:
     registry = CollectorRegistry()
     counter = metrics.Counter("c", "A counter.", ["x", "y"], registry=registry)
     with pytest.raises(ValueError):
         counter.labels("a", "b").inc(-1)
     with pytest.raises(ValueError):
         counter.labels("a")
+    with pytest.raises(ValueError):
+        metrics.Histogram("c", "Another.", buckets=(1,), registry=registry)
 
 
 # -- the model label ---------------------------------------------------------------------------
