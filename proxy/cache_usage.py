@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import struct
 import time
 from typing import Any
@@ -35,11 +36,6 @@ class CacheFigures:
     prompt_tokens: int = 0
     cache_read_tokens: int = 0
     cache_creation_tokens: int = 0
-
-    @classmethod
-    def of(cls, usage: Usage) -> CacheFigures:
-        read, created = usage.cached_tokens or 0, usage.cache_creation_tokens or 0
-        return cls(1, usage.prompt_tokens, read, created)
 
     def __add__(self, other: CacheFigures) -> CacheFigures:
         return CacheFigures(*(a + b for a, b in zip(_values(self), _values(other), strict=True)))
@@ -105,11 +101,13 @@ class CacheLedger:
         self._unwritten: dict[str, bytes] = {}
 
     def observe(self, key: str, usage: Usage) -> None:
-        figures = CacheFigures.of(usage)
-        seen = CacheUsage(figures, time.time(), figures)
+        # Packed as `_packed` packs them: this answer's figures are the last, and add to the
+        # totals (on every answer: without making the objects).
+        last = (1, usage.prompt_tokens, usage.cached_tokens or 0, usage.cache_creation_tokens or 0)
         old = self._unwritten.pop(key, None)
         make_room(self._unwritten, key, self.max_sessions)
-        self._unwritten[key] = _packed(_unpacked(old).plus(seen) if old is not None else seen)
+        total = last if old is None else map(operator.add, _PACKED.unpack(old)[5:], last)
+        self._unwritten[key] = _PACKED.pack(time.time(), *last, *total)
 
     def unwritten(self, key: str) -> CacheUsage | None:
         found = self._unwritten.get(key)

@@ -28,7 +28,7 @@ Render = Callable[[str, APIError], Response]
 
 
 class Gate:
-    """ASGI middleware (`Starlette(middleware=[Middleware(gate.around)])`)."""
+    """ASGI middleware: `gate.around(app)` is `app` behind the gate."""
 
     def __init__(self, limit: int, metrics: Metrics, render: Render) -> None:
         self.limit = limit
@@ -38,6 +38,7 @@ class Gate:
         self._app: ASGIApp | None = None
         self._running: set[asyncio.Task[object]] = set()
         self._ended: set[asyncio.Task[object]] = set()
+        metrics.in_flight.set_function(lambda: self.in_flight)  # read when scraped
 
     def around(self, app: ASGIApp) -> ASGIApp:
         self._app = app
@@ -78,7 +79,6 @@ class Gate:
             await send(message)
 
         self._running.add(task)
-        self.metrics.in_flight.inc()
         try:
             await self._app(scope, receive, watched)
         except asyncio.CancelledError:
@@ -92,7 +92,6 @@ class Gate:
         finally:
             self._running.discard(task)
             self._ended.discard(task)
-            self.metrics.in_flight.dec()
 
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send, error: APIError, retry_after: int = 0

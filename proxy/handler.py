@@ -105,7 +105,7 @@ class Handler:
         if response.status >= 400 and forward.can_retry:
             error = await response.read(idle)
             if not self.dialect.is_overflow(response.status, error):
-                return self._finish(client_request, forward, response, error, overhead)
+                return self._finish(client_request, labels, forward, response, error, overhead)
             overflow = True
         elif parsed.stream and response.status == 200 and forward.can_retry:
             head, overflow = await self._stream_head(response, chunks, upstream)
@@ -124,13 +124,13 @@ class Handler:
 
         if parsed.stream and response.status == 200:
             relayed = _after(head, chunks) if head else chunks
-            return self._relay(client_request, forward, response, relayed, overhead)
+            return self._relay(client_request, labels, forward, response, relayed, overhead)
         try:
             payload = await response.read(idle)
         except StreamBroken as exc:
             self.metrics.upstream_errors.labels(upstream.name, "broken_body").inc()
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
-        return self._finish(client_request, forward, response, payload, overhead)
+        return self._finish(client_request, labels, forward, response, payload, overhead)
 
     async def count_tokens(self, request: Request) -> ASGIApp:
         """The API's own count of a prompt (Anthropic's count_tokens) for what would be sent:
@@ -171,7 +171,7 @@ class Handler:
     ) -> ClientRequest:
         """The request routed, with its session and what its own summary call may carry."""
         sessions = self.config.sessions
-        given = headers.items()  # starlette decodes them all at each call
+        given = headers.items()
         try:
             policy, upstream = self.config.route(
                 self.dialect.name, parsed.model, headers.get(sessions.policy_header)
@@ -228,6 +228,7 @@ class Handler:
     def _finish(
         self,
         request: ClientRequest,
+        labels: RequestLabels,
         forward: Forward,
         response: UpstreamResponse,
         payload: bytes,
@@ -235,8 +236,8 @@ class Handler:
     ) -> Response:
         response.release()
         if response.status == 200:
-            self._calibrate(request, forward, self.dialect.usage(payload))
-        self._count(request, forward, response.status)
+            self._calibrate(request, labels, forward, self.dialect.usage(payload))
+        self._count(labels, forward, response.status)
         return _response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
@@ -269,6 +270,7 @@ class Handler:
     def _relay(
         self,
         request: ClientRequest,
+        labels: RequestLabels,
         forward: Forward,
         response: UpstreamResponse,
         chunks: AsyncIterator[bytes],
@@ -287,12 +289,14 @@ class Handler:
                 self.metrics.upstream_errors.labels(request.upstream.name, "broken_stream").inc()
             if want_usage and outcome == "complete":
                 usage = self.dialect.stream_start_usage(head) or self.dialect.stream_usage(tail)
-                self._calibrate(request, forward, usage)
+                self._calibrate(request, labels, forward, usage)
 
-        self._count(request, forward, response.status)
+        self._count(labels, forward, response.status)
         return Relay(response.status, headers, chunks, on_end)
 
-    def _calibrate(self, request: ClientRequest, forward: Forward, usage: Usage | None) -> None:
+    def _calibrate(
+        self, request: ClientRequest, labels: RequestLabels, forward: Forward, usage: Usage | None
+    ) -> None:
         """Calibrate the counter by the upstream's own count of what was forwarded, and count
         what the upstream's prompt cache read and wrote."""
         if usage is None:
@@ -300,7 +304,6 @@ class Handler:
         self.compactor.count_cache(request, usage)
         if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
             self.compactor.calibrate(request, forward, usage.prompt_tokens)
-        labels = self.labels(request)
         self.metrics.upstream_prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
         # Counted where the usage reports them, a cache that missed as 0: a share of 0, not none.
         if usage.cached_tokens is not None:
@@ -308,8 +311,7 @@ class Handler:
         if usage.cache_creation_tokens is not None:
             self.metrics.cache_creation_tokens.labels(*labels).inc(usage.cache_creation_tokens)
 
-    def _count(self, request: ClientRequest, forward: Forward, status: int) -> None:
-        labels = self.labels(request)
+    def _count(self, labels: RequestLabels, forward: Forward, status: int) -> None:
         self.metrics.answered(labels.dialect, status, labels)
         self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
         if forward.shadow:

@@ -16,14 +16,17 @@ from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
 
-def pooled_session(max_connections: int) -> aiohttp.ClientSession:
-    """A session for one upstream: bodies as bytes, no timeouts of its own (each request
-    sets them), no default headers, no cookies."""
+def pooled_session(
+    max_connections: int, connect_timeout: float | None = None
+) -> aiohttp.ClientSession:
+    """A session for one upstream: bodies as bytes, no timeouts of its own but for making a
+    connection (the others are the proxy's: first byte, idle), no default headers, no
+    cookies."""
     return aiohttp.ClientSession(
         connector=_Connector(max_connections),
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
-        timeout=aiohttp.ClientTimeout(total=None),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
         skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
     )
 
@@ -62,7 +65,8 @@ class _Connector(aiohttp.TCPConnector):
         connection = await super().connect(req, traces, timeout)
         progress.phase = "first_byte"
         progress.reused = connection.protocol in self._served
-        self._served.add(connection.protocol)
+        if not progress.reused:
+            self._served.add(connection.protocol)
         return connection
 
 

@@ -48,7 +48,7 @@ from .handler import SSE_HEADERS, Handler
 from .hooks import Hooks
 from .limits import ModelLimits
 from .metrics import Metrics, RequestLabels
-from .requests import read_body
+from .requests import IncomingRequest, read_body
 from .sessions import Loaded
 from .state import SessionState
 from .summarizer import Summarizers
@@ -441,4 +441,4 @@ def _replayed(request: Request, body: bytes) -> Request:
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return Request(request.scope, receive)
+    return IncomingRequest(request.scope, receive)

@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import BodyTooLarge
+
+
+class RequestHeaders(Headers):
+    """A request's headers decoded once: starlette's decode them all at every `items()` and
+    scan them at every look-up, and a request path looks up a dozen."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(raw=raw)
+        self._items = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
+        self._first = {name.lower(): value for name, value in reversed(self._items)}
+
+    def items(self) -> list[tuple[str, str]]:  # type: ignore[override]
+        return self._items
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._first.get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return self._first[key.lower()]
+
+    def __contains__(self, key: Any) -> bool:
+        return isinstance(key, str) and key.lower() in self._first
+
+
+class IncomingRequest(Request):
+    """A client's request, its headers decoded once (`RequestHeaders`)."""
+
+    @property
+    def headers(self) -> Headers:
+        if not hasattr(self, "_headers"):
+            self._headers = RequestHeaders(self.scope["headers"])
+        return self._headers
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -12,14 +47,20 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(_too_large(limit))
+    # Read from the server as it comes (starlette's `stream()` is a generator around this).
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(_too_large(limit))
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _too_large(limit: int) -> str:

@@ -4,7 +4,6 @@ compaction decision of that request is made from."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import policies
 
@@ -35,9 +34,11 @@ class ClientRequest:
     # Compaction is computed, stored and reported, but the client's bytes go upstream.
     shadow: bool = False
 
-    @functools.cached_property
-    def key(self) -> str:
-        return session_key(self.tenant, self.session)
+    # The session's store key (`session_key`), made once: every step of the request uses it.
+    key: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", session_key(self.tenant, self.session))
 
     @property
     def messages(self) -> list[policies.Message]:

@@ -114,6 +114,9 @@ class HTTPResponse:
         return body_chunks(self._response, idle_timeout)
 
     async def read(self, idle_timeout: float) -> bytes:
+        content = self._response.content
+        if content.is_eof():  # it all came with the head (a short answer): nothing to wait for
+            return content.read_nowait()
         try:
             return b"".join([chunk async for chunk in self.chunks(idle_timeout)])
         except BaseException:
@@ -194,7 +197,8 @@ class UpstreamClient:
     def session(self, upstream: Upstream) -> aiohttp.ClientSession:
         session = self._sessions.get(upstream.name)
         if session is None:
-            session = self._sessions[upstream.name] = pooled_session(upstream.max_connections)
+            session = pooled_session(upstream.max_connections, upstream.timeouts.connect)
+            self._sessions[upstream.name] = session
         return session
 
     async def close(self) -> None:
@@ -277,7 +281,6 @@ class UpstreamClient:
                 data=body,
                 headers=headers,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.timeouts.connect),
             )
         except aiohttp.ConnectionTimeoutError:
             wait = budget.wait()

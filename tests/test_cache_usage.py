@@ -162,7 +162,14 @@ def test_what_is_written_and_what_is_not_add_up_to_every_answer(
             writing = None
     unwritten = ledger.unwritten("k")
     shown = unwritten.plus(stored) if unwritten else stored
-    expected = sum((CacheFigures.of(u) for u in steps if isinstance(u, Usage)), CacheFigures())
+    expected = sum(
+        (
+            CacheFigures(1, u.prompt_tokens, u.cached_tokens or 0, u.cache_creation_tokens or 0)
+            for u in steps
+            if isinstance(u, Usage)
+        ),
+        CacheFigures(),
+    )
     assert (shown.total if shown else CacheFigures()) == expected
     if shown is not None:
         assert CacheUsage.from_dict(shown.to_dict()) == shown

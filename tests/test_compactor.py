@@ -115,7 +115,7 @@ async def test_with_the_store_down_it_compacts_from_the_request_alone() -> None:
     p = parts(FailingStore(ttl_seconds=60))
     forward = await p.compactor.prepare(p.request(history(40)))
     assert (forward.action, forward.store) == ("compacted", "unavailable")
-    assert p.metrics.store_errors.labels("get")._value.get() == 1
+    assert p.metrics.store_errors.labels("get").value == 1
 
 
 async def test_with_the_store_down_and_fail_closed_it_refuses() -> None:

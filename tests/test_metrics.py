@@ -12,9 +12,10 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy import metrics
 from proxy.config import loads
 from proxy.labels import MAX_MODELS, OTHER, ModelLabels
 from proxy.models import ModelCatalog
@@ -181,6 +182,51 @@ def test_no_created_series(
     other = CollectorRegistry()
     Counter("elsewhere", "A counter of another registry.", registry=other).inc()
     assert b"elsewhere_created" in generate_latest(other)
+
+
+BOUNDS = (0.5, 1, 2.5, 100)
+amounts = st.one_of(
+    st.sampled_from([0, *BOUNDS]),  # on a bound: in that bucket, as prometheus_client has it
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    st.integers(min_value=0, max_value=2**40),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), amounts), max_size=40))
+def test_the_series_are_exposed_as_prometheus_client_exposes_its_own(
+    updates: list[tuple[str, float]],
+) -> None:
+    """The proxy's counters and histograms (lock-free series of plain numbers) give the
+    exposition of prometheus_client's, but for its `_created` series."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    ours_histogram = metrics.Histogram("h", "A histogram.", ["x"], buckets=BOUNDS, registry=ours)
+    ours_counter = metrics.Counter("c", "A counter.", ["x"], registry=ours)
+    ours_total = metrics.Counter("t", "An unlabelled counter.", registry=ours)
+    their_histogram = Histogram("h", "A histogram.", ["x"], buckets=BOUNDS, registry=theirs)
+    their_counter = Counter("c", "A counter.", ["x"], registry=theirs)
+    their_total = Counter("t", "An unlabelled counter.", registry=theirs)
+    for label, amount in updates:
+        for histogram, counter, total in (
+            (ours_histogram, ours_counter, ours_total),
+            (their_histogram, their_counter, their_total),
+        ):
+            histogram.labels(label).observe(amount)
+            counter.labels(label).inc(amount)
+            total.inc(amount)
+    expected = [line for line in generate_latest(theirs).splitlines() if b"_created" not in line]
+    assert generate_latest(ours).splitlines() == expected
+
+
+def test_a_counter_refuses_to_go_down_wrong_labels_and_a_name_taken() -> None:
+    registry = CollectorRegistry()
+    counter = metrics.Counter("c", "A counter.", ["x", "y"], registry=registry)
+    with pytest.raises(ValueError):
+        counter.labels("a", "b").inc(-1)
+    with pytest.raises(ValueError):
+        counter.labels("a")
+    with pytest.raises(ValueError):
+        metrics.Histogram("c", "Another.", buckets=(1,), registry=registry)
 
 
 # -- the model label ---------------------------------------------------------------------------

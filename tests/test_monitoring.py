@@ -43,7 +43,7 @@ def exported() -> dict[str, set[str]]:
     """Every series name of /metrics and its labels, with one sample of each metric."""
     metrics = Metrics()
     for metric in vars(metrics).values():
-        labels = getattr(metric, "_labelnames", None)
+        labels = getattr(metric, "labelnames", None)  # the counters and histograms
         if labels is None:
             continue
         child = metric.labels(*("x" for _ in labels)) if labels else metric

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.dialects.chat import Chat
-from proxy.dialects.raw_items import KnownBodies, KnownItems, _Cut
+from proxy.dialects.raw_items import SPLIT_FROM, KnownBodies, KnownItems, _Cut
 from proxy.errors import InvalidRequest
 from proxy.memo import content_keys
 
@@ -87,7 +87,7 @@ def bodies(draw: st.DrawFn) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(bodies(), min_size=1, max_size=4))
 def test_the_split_reads_what_the_whole_body_path_reads(raws: list[bytes]) -> None:
-    chat = Chat()
+    chat = Chat(split_from=0)
     for raw in raws:
         try:
             whole = chat.parse_whole(raw)
@@ -128,7 +128,9 @@ def test_the_memo_never_answers_for_other_bytes(
 ) -> None:
     """Messages resent, changed by a byte, spaced otherwise, through a memo small enough to
     evict: each is always what its own bytes say."""
-    known = KnownItems(lambda item: isinstance(item, dict), size=size, max_bytes=64 * size)
+    known = KnownItems(
+        lambda item: isinstance(item, dict), size=size, max_bytes=64 * size, min_bytes=0
+    )
     history: list[dict[str, Any]] = []
     for turn in turns:
         history += turn
@@ -164,7 +166,7 @@ def test_the_memo_never_answers_for_other_bytes(
     ],
 )
 def test_a_body_the_split_refuses_gets_the_whole_body_path_400(raw: bytes) -> None:
-    chat = Chat()
+    chat = Chat(split_from=0)
     seen = b'{"model": "m", "messages": [{"role": "user"}, {"role": "user", "content": "hi"}]}'
     chat.parse(seen)  # its messages are known: refusing the rest must not depend on it
     with pytest.raises(InvalidRequest) as whole:
@@ -177,7 +179,7 @@ def test_a_body_the_split_refuses_gets_the_whole_body_path_400(raw: bytes) -> No
 
 def test_keys_of_a_split_body_are_the_hashes_of_the_bytes_of_its_messages() -> None:
     """Not content_keys (a dumps of each message): the split never serialises what it reads."""
-    chat = Chat()
+    chat = Chat(split_from=0)
     raw = b'{"model": "m", "messages": [{"role": "user",  "content": "hi"}]}'
     parsed = chat.parse(raw)
     assert parsed.keys == [hash(b'{"role": "user",  "content": "hi"}')]
@@ -224,7 +226,7 @@ def test_a_next_turn_is_read_from_where_the_last_body_ended(
     may change): from the second turn on only what follows the known body is read, and the
     result is the whole-body path's; the bodies kept stay within their bound (or the one read
     last, when it alone is larger)."""
-    chat = Chat()
+    chat = Chat(split_from=0)
     chat.known.bodies = KnownBodies(head=16, max_bytes=max_bytes)
     history: list[dict[str, Any]] = []
     last = None
@@ -270,7 +272,7 @@ LAST = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 300
     ],
 )
 def test_what_follows_a_known_body_is_read_as_the_whole_body_path_reads_it(tail: bytes) -> None:
-    chat = Chat()
+    chat = Chat(split_from=0)
     chat.parse(LAST + b"]}")
     assert chat.known.bodies.find(LAST + tail) is not None
     same_reading(chat, LAST + tail)
@@ -282,7 +284,7 @@ def test_a_body_that_holds_its_conversation_twice_is_read_as_the_whole_body_path
 ) -> None:
     """The same array of messages in another field too: where the conversation is cannot be
     told from its bytes, and the next turn is read all the same."""
-    chat = Chat()
+    chat = Chat(split_from=0)
     history = [{"role": "user", "content": "x" * 300}]
     for turn in range(3):
         array = json.dumps(history)
@@ -294,7 +296,7 @@ def test_a_body_that_holds_its_conversation_twice_is_read_as_the_whole_body_path
 
 def test_an_empty_string_after_a_known_body_is_read_from_where_it_ended() -> None:
     """Only a field named "" (the split's stand-in name) sends the rest to be read whole."""
-    chat = Chat()
+    chat = Chat(split_from=0)
     chat.parse(LAST + b"]}")
     reply = LAST + b', {"role": "assistant", "content": ""}'
     same_reading(chat, reply + b'], "user": ""}')
@@ -305,7 +307,7 @@ def test_an_empty_string_after_a_known_body_is_read_from_where_it_ended() -> Non
 
 def test_a_split_body_keeps_its_fields_in_the_clients_order() -> None:
     """The conversation stays where the client put it, read whole or from a known body."""
-    chat = Chat()
+    chat = Chat(split_from=0)
     first = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 300 + b'"}'
     turns = (first + b'],"temperature":1.0}', first + b',{"role":"user"}],"top_p":1}')
     for turn, raw in enumerate(turns):
@@ -378,3 +380,17 @@ def test_the_bytes_cut_from_a_known_body_are_a_list_of_them(
     else:
         with pytest.raises(IndexError):
             cut[index]
+
+
+def test_a_short_body_is_read_whole_and_a_longer_one_split() -> None:
+    """Under SPLIT_FROM bytes a body is never known again and a parse costs less than a
+    split: it takes the whole-body path (no keys of its bytes); from there on, the split."""
+    chat = Chat()
+    short = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    assert len(short) < SPLIT_FROM
+    assert chat.parse(short).keys is None
+    text = "x" * SPLIT_FROM
+    longer = b'{"model": "m", "messages": [{"role": "user", "content": "%s"}]}' % text.encode()
+    parsed = chat.parse(longer)
+    assert parsed.keys == [hash(b'{"role": "user", "content": "%s"}' % text.encode())]
+    assert parsed.body == chat.parse_whole(longer).body

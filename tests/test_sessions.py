@@ -76,8 +76,8 @@ async def test_a_failing_store_serves_empty_state_and_counts_it(
     assert (loaded.state, loaded.available) == (SessionState(), False)
     assert not await s.update(KEY, pending("x"))
     assert await s.lock(KEY, 1, wait=1) == Lock(None)  # the store failed: not busy
-    assert s.metrics.store_errors.labels("get")._value.get() == 2
-    assert s.metrics.store_errors.labels("lock")._value.get() == 1
+    assert s.metrics.store_errors.labels("get").value == 2
+    assert s.metrics.store_errors.labels("lock").value == 1
     assert "serving fail-open" in caplog.text
 
 

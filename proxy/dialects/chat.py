@@ -29,7 +29,7 @@ from .openai import (
     load_object,
     optional_int,
 )
-from .raw_items import KnownItems
+from .raw_items import SPLIT_FROM, KnownItems
 
 
 class Chat(OpenAIDialect):
@@ -39,8 +39,8 @@ class Chat(OpenAIDialect):
     conversation_param = "messages"
     usage_fields = ("prompt_tokens", "prompt_tokens_details")
 
-    def __init__(self) -> None:
-        self.known = KnownItems(_accepts)
+    def __init__(self, *, split_from: int = SPLIT_FROM) -> None:
+        self.known = KnownItems(_accepts, min_bytes=split_from)
 
     def parse(self, raw: bytes) -> Parsed:
         split = self.known.split(raw, "messages")
