@@ -140,7 +140,8 @@ class Histogram(_Family[HistogramSeries]):
         buckets: Sequence[float],
         registry: CollectorRegistry,
     ) -> None:
-        self.bounds = (*map(float, buckets), INF)
+        bounds = [float(bound) for bound in buckets]
+        self.bounds = (*bounds, INF) if not bounds or bounds[-1] != INF else tuple(bounds)
         self._les = [_le(bound) for bound in self.bounds]
         super().__init__(name, documentation, labelnames, registry=registry)
 

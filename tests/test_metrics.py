@@ -185,6 +185,7 @@ def test_no_created_series(
 
 
 BOUNDS = (0.5, 1, 2.5, 100)
+WITH_INF = (0.5, 1, float("inf"))
 amounts = st.one_of(
     st.sampled_from([0, *BOUNDS]),  # on a bound: in that bucket, as prometheus_client has it
     st.floats(min_value=0, max_value=1e6, allow_nan=False),
@@ -206,6 +207,9 @@ def test_the_series_are_exposed_as_prometheus_client_exposes_its_own(
     their_histogram = Histogram("h", "A histogram.", ["x"], buckets=BOUNDS, registry=theirs)
     their_counter = Counter("c", "A counter.", ["x"], registry=theirs)
     their_total = Counter("t", "An unlabelled counter.", registry=theirs)
+    # Buckets that name +Inf themselves get no second one.
+    ours_inf = metrics.Histogram("i", "Ending in +Inf.", ["x"], buckets=WITH_INF, registry=ours)
+    their_inf = Histogram("i", "Ending in +Inf.", ["x"], buckets=WITH_INF, registry=theirs)
     for label, amount in updates:
         for histogram, counter, total in (
             (ours_histogram, ours_counter, ours_total),
@@ -214,6 +218,8 @@ def test_the_series_are_exposed_as_prometheus_client_exposes_its_own(
             histogram.labels(label).observe(amount)
             counter.labels(label).inc(amount)
             total.inc(amount)
+        for inf in (ours_inf, their_inf):
+            inf.labels(label).observe(amount)
     expected = [line for line in generate_latest(theirs).splitlines() if b"_created" not in line]
     assert generate_latest(ours).splitlines() == expected
 
