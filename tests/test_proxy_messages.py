@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from proxy.config import ConfigError, loads
+from proxy.dialects.openai import MAX_DEPTH
 from proxy.sessions import session_key
 from tests.conftest import merged, metric
 from tests.conversations import words
@@ -199,6 +200,35 @@ def test_errors_are_in_anthropics_shape(server: ServerThread, up: FakeAnthropic)
         client_of(server).messages.create(model=SMALL, max_tokens=9, messages=HELLO)
     assert overloaded.value.status_code == 529
     assert overloaded.value.body["error"]["type"] == "overloaded_error"
+
+
+def tool_loop(depth: int) -> bytes:
+    """A tool loop whose tool_use input nests to `depth` levels, the body being the first."""
+    # body, messages, the message, its content, the block, its input: 6 levels to "x".
+    value = "[" * (depth - 6) + "1" + "]" * (depth - 6)
+    call = f'{{"type": "tool_use", "id": "t1", "name": "f", "input": {{"x": {value}}}}}'
+    result = '{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}'
+    messages = (
+        f'[{{"role": "user", "content": "hi"}}, {{"role": "assistant", "content": [{call}]}},'
+        f' {{"role": "user", "content": [{result}]}}]'
+    )
+    return f'{{"model": "{SMALL}", "max_tokens": 9, "messages": {messages}}}'.encode()
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 300, 1000])
+def test_a_body_nested_deeper_than_the_proxy_writes_is_a_400_in_anthropics_shape(
+    server: ServerThread, depth: int
+) -> None:
+    """It was a 500: the canonical tool call is the input written back out as JSON, which
+    orjson refuses past 254 levels. The deepest body accepted goes through."""
+    headers = {"x-api-key": KEY, "anthropic-version": VERSION}
+    refused = httpx.post(server.url + "/v1/messages", content=tool_loop(depth), headers=headers)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert "nests arrays and objects more than" in refused.json()["error"]["message"]
+    deepest = httpx.post(server.url + "/v1/messages", content=tool_loop(MAX_DEPTH), headers=headers)
+    assert deepest.status_code == 200, deepest.text
 
 
 def test_the_proxys_own_failures_are_in_anthropics_shape(up: FakeAnthropic) -> None:

@@ -30,6 +30,7 @@ from .blocks import (
     thinking_turn,
 )
 from .breakpoints import with_breakpoints
+from .openai import refuse_too_deep
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -76,6 +77,7 @@ class Messages(Dialect):
             raise InvalidRequest(f"Invalid JSON body: {exc.msg} at position {exc.pos}") from None
         if not isinstance(body, dict):
             raise InvalidRequest("Invalid request body: expected a JSON object.")
+        refuse_too_deep(body)  # what the proxy accepts it must be able to write back out
         model = body.get("model")
         messages = body.get("messages")
         max_tokens = body.get("max_tokens")
