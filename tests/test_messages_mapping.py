@@ -21,6 +21,7 @@ from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
 from proxy.tokens import counter_for
 from tests.conversations import words as plain_words
 from tests.fake_anthropic import AnthropicError, FakeAnthropic
+from tests.test_raw_items import written
 
 MESSAGES = Messages()
 FAKE = FakeAnthropic()  # never started: its validation, counting and signatures only
@@ -516,3 +517,54 @@ def without_added_marks(sent: dict[str, Any], native: dict[str, Any]) -> dict[st
         for b, n in zip(sent["content"], native["content"], strict=True)
     ]
     return {**sent, "content": blocks}
+
+
+# --- a replayed turn reads what is new ------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), st.data())
+def test_the_split_reads_what_the_whole_body_path_reads(
+    history: tuple[list[dict[str, Any]], bool], data: st.DataObject
+) -> None:
+    """Turn after turn of one history, as a client writes them (any spacing, keys written
+    twice): the messages known by their bytes, the new ones read, give what reading the
+    whole body gives: the body, the canonical messages, where each comes from."""
+    messages, _ = history
+    dialect = Messages(split_from=0)
+    cuts = data.draw(st.lists(st.integers(1, len(messages)), min_size=1, max_size=4))
+    for cut in sorted(cuts):
+        body = {"model": "claude-x", "max_tokens": 64, "messages": messages[:cut]}
+        raw = data.draw(written(body)).encode()
+        whole = dialect.parse_whole(raw)
+        assert dialect.known.split(raw, "messages") is not None
+        parsed = dialect.parse(raw)
+        assert parsed.body == whole.body == orjson.loads(raw)
+        assert parsed.items == whole.items
+        assert parsed.messages == whole.messages
+        assert list(parsed.spans or ()) == list(whole.spans or ())
+        assert parsed.keys is not None and len(parsed.keys) == len(parsed.messages)
+
+
+def test_a_bad_block_in_a_new_message_is_the_whole_body_paths_400() -> None:
+    """Known messages first: the split finds the bad block, the whole-body path names it."""
+    dialect = Messages(split_from=0)
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    dialect.parse(orjson.dumps({"model": "m", "max_tokens": 9, "messages": good}))
+    bad = [*good, {"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]
+    raw = orjson.dumps({"model": "m", "max_tokens": 9, "messages": bad})
+    with pytest.raises(InvalidRequest) as whole:
+        dialect.parse_whole(raw)
+    with pytest.raises(InvalidRequest) as split:
+        dialect.parse(raw)
+    assert split.value.message == whole.value.message
+    assert "messages.2.content.0" in split.value.message
+
+
+def test_a_message_changed_by_a_byte_is_read_again() -> None:
+    dialect = Messages(split_from=0)
+    first = [{"role": "user", "content": [text("the first words")]}]
+    changed = [{"role": "user", "content": [text("the first wordz")]}]
+    for messages in (first, changed, first):
+        raw = orjson.dumps({"model": "m", "max_tokens": 9, "messages": messages})
+        assert dialect.parse(raw).messages == dialect.parse_whole(raw).messages

@@ -31,6 +31,7 @@ from .blocks import (
 )
 from .breakpoints import with_breakpoints
 from .openai import refuse_too_deep
+from .raw_items import SPLIT_FROM, KnownItems
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -70,7 +71,23 @@ class Messages(Dialect):
     marks_cache = True
     count_path = "/v1/messages/count_tokens"
 
+    def __init__(self, *, split_from: int = SPLIT_FROM) -> None:
+        # A message sent before is looked up by its bytes, with its canonical messages
+        # (`raw_items`): a replayed turn reads only what is new.
+        self.known = KnownItems(_is_object, min_bytes=split_from, derive=_canonical)
+
     def parse(self, raw: bytes) -> Parsed:
+        try:
+            split = self.known.split(raw, "messages")
+        except BadBlock:
+            split = None  # the whole-body path names the message and block
+        if split is None:
+            return self.parse_whole(raw)
+        return self._parsed(raw, split.body, split.keys, split.derived)
+
+    def parse_whole(self, raw: bytes) -> Parsed:
+        """The request read whole, every message mapped: the path of a body the split does
+        not read, which says what is wrong with it."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -78,6 +95,20 @@ class Messages(Dialect):
         if not isinstance(body, dict):
             raise InvalidRequest("Invalid request body: expected a JSON object.")
         refuse_too_deep(body)  # what the proxy accepts it must be able to write back out
+        try:
+            return self._parsed(raw, body, None, None)
+        except BadBlock as bad:
+            raise InvalidRequest(f"{bad.path}: Input should be {bad.expected}") from None
+
+    def _parsed(
+        self,
+        raw: bytes,
+        body: dict[str, Any],
+        keys: list[int] | None,
+        derived: list[Any] | None,
+    ) -> Parsed:
+        """`body` read; from the split, the keys of its messages' bytes and their canonical
+        messages (`derived`): the canonical messages' keys are made from those keys."""
         model = body.get("model")
         messages = body.get("messages")
         max_tokens = body.get("max_tokens")
@@ -89,13 +120,13 @@ class Messages(Dialect):
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
         ):
             raise InvalidRequest("max_tokens: Input should be a valid integer")
+        if derived is None:
+            each = [canonical(message, index) for index, message in enumerate(messages)]
+        else:
+            each = derived
         canonicals: list[Message] = []
         spans: list[slice] = []
-        for index, message in enumerate(messages):
-            try:
-                found = canonical(message, index)
-            except BadBlock as bad:
-                raise InvalidRequest(f"{bad.path}: Input should be {bad.expected}") from None
+        for index, found in enumerate(each):
             canonicals += found
             spans += [slice(index, index + 1)] * len(found)
         return Parsed(
@@ -107,6 +138,7 @@ class Messages(Dialect):
             spans=spans,
             stream=body.get("stream") is True,
             max_output=max_tokens,
+            keys=None if keys is None else _canonical_keys(keys, each),
         )
 
     def error_body(self, error: APIError) -> bytes:
@@ -340,3 +372,20 @@ def _event_usage(data: bytes, event: bytes, *, reverse: bool) -> Usage | None:
         if usage is not None:
             return usage
     return None
+
+
+def _is_object(message: Any) -> bool:
+    return message.__class__ is dict
+
+
+def _canonical(message: Any) -> list[Message]:
+    """A message's canonical messages, whatever its place (only an error names the place)."""
+    return canonical(message, 0)
+
+
+def _canonical_keys(keys: Sequence[int], each: Sequence[list[Message]]) -> list[int]:
+    """A content key of each canonical message: of its native message's bytes and its place
+    among that message's canonical ones."""
+    return [
+        hash((key, n)) for key, found in zip(keys, each, strict=True) for n in range(len(found))
+    ]
