@@ -230,6 +230,8 @@ def test_only_the_current_tool_loops_thinking_is_kept() -> None:
             }
         ],
         [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 1}]}],
+        [{"role": "assistant", "content": [{"type": ["thinking"]}]}],  # was a 500
+        [{"role": "user", "content": [{"type": {"x": 1}, "text": "hi"}]}],
     ],
 )
 def test_bad_shapes_are_a_400_in_the_apis_words(messages: Any) -> None:

@@ -71,7 +71,7 @@ def canonical(message: Any, index: int) -> list[Message]:
             out.append(_tool(block, (index, position)))
         elif kind == "tool_use" and role == "assistant":
             calls.append(_call(block, (index, position)))
-        elif kind in THINKING:
+        elif kind.__class__ is str and kind in THINKING:  # (a list is no key of a set)
             continue  # counted with the fixed tokens while kept (see the module's docstring)
         else:
             parts.append(_part(block, (index, position)))

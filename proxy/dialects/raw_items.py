@@ -66,9 +66,9 @@ class KnownItems:
     of bytes.
 
     Bounded: at most `size` items and about `max_bytes` of their JSON (`proxy.memo.Memo`);
-    their decoded form takes about twice as much memory again, what `derive` makes of them
-    (if given) about half of that (Anthropic's canonical messages: 1.2 B a byte of JSON); and
-    `KnownBodies`' bound.
+    their decoded form takes 1.5 to 12 B a byte of JSON (long text to tiny blocks); what
+    `derive` makes of them (if given), in a memo of the same bounds, 0.15 to 0.7 of that
+    (Anthropic's canonical messages); and `KnownBodies`' bound.
     """
 
     def __init__(
@@ -83,10 +83,11 @@ class KnownItems:
         self.accepts = accepts  # whether the dialect's checks pass an item
         self.min_bytes = min_bytes  # a shorter body is left to the whole-body path
         self.memo: Memo[Any] = Memo(size, max_bytes=max_bytes)
-        # What the dialect makes of an item (Anthropic's: its canonical messages), kept with
-        # it under the same bound; what `derive` raises reaches the caller of `split`.
+        # What the dialect makes of an item (Anthropic's: its canonical messages), looked up
+        # by its bytes as the item is; an error `derive` raises (but a ValueError) reaches the
+        # caller of `split`.
         self.derive = derive
-        self.derived: Memo[Any] | None = Memo(size, max_bytes=max_bytes) if derive else None
+        self.derived: Memo[Any] = Memo(size, max_bytes=max_bytes)
         self.bodies = KnownBodies()
 
     def split(self, raw: bytes, field: str) -> Split | None:
@@ -175,13 +176,12 @@ class KnownItems:
         items = self.memo.each(spans, self._read, spans)
         # The dict look-ups above hashed every span; bytes keep their hash.
         keys = list(map(hash, spans))
-        derived = None
-        if self.derived is not None and self.derive is not None:
-            derived = self.derived.each(items, self.derive, spans)
+        derived = None if self.derive is None else self.derived.each(items, self.derive, spans)
         raw: Sequence[bytes] = spans
         if known is not None:
             items, keys = known.items + items, known.keys.tolist() + keys
-            derived = None if derived is None else (known.derived or []) + derived
+            if derived is not None:
+                derived = known.derived + derived
             raw = _Cut(known.prefix, known.offsets, spans)
         return Split({**before, field: items, **after}, items, raw, keys, derived)
 
@@ -236,7 +236,7 @@ class _Known(NamedTuple):
     offsets: array[int]
     keys: array[int]
     items: list[Any]
-    derived: list[Any] | None
+    derived: list[Any]  # empty without `KnownItems.derive`
     size: int
 
 
@@ -251,11 +251,12 @@ _DECODED_PER_BYTE = 2
 
 def _known(prefix: bytes, before: dict[str, Any], offsets: array[int], split: Split) -> _Known:
     # What is derived from the items is counted as much again as their decoded form (an
-    # upper bound: about half of it).
+    # upper bound: 0.15 to 0.7 of it).
+    derived = [] if split.derived is None else split.derived
     decoded = _DECODED_PER_BYTE * (1 if split.derived is None else 2)
     size = _PER_BODY + (1 + decoded) * len(prefix) + _PER_ITEM * len(split.items)
     keys = array("q", split.keys)
-    return _Known(prefix, before, offsets, keys, split.items, split.derived, size)
+    return _Known(prefix, before, offsets, keys, split.items, derived, size)
 
 
 def _offsets(listed: bytes, spans: list[bytes], at: int) -> array[int]:
