@@ -67,7 +67,7 @@ class KnownItems:
 
     Bounded: at most `size` items and about `max_bytes` of their JSON (`proxy.memo.Memo`);
     their decoded form takes 1.5 to 12 B a byte of JSON (long text to tiny blocks); what
-    `derive` makes of them (if given), in a memo of the same bounds, 0.15 to 0.7 of that
+    `derive` makes of them (if given), in a memo of the same bounds, 0.13 to 0.7 of that
     (Anthropic's canonical messages); and `KnownBodies`' bound.
     """
 
@@ -251,7 +251,7 @@ _DECODED_PER_BYTE = 2
 
 def _known(prefix: bytes, before: dict[str, Any], offsets: array[int], split: Split) -> _Known:
     # What is derived from the items is counted as much again as their decoded form (an
-    # upper bound: 0.15 to 0.7 of it).
+    # upper bound: 0.13 to 0.7 of it).
     derived = [] if split.derived is None else split.derived
     decoded = _DECODED_PER_BYTE * (1 if split.derived is None else 2)
     size = _PER_BODY + (1 + decoded) * len(prefix) + _PER_ITEM * len(split.items)
