@@ -230,9 +230,12 @@ def long_history(tokens: int, model: str = "gpt-4o") -> list[dict[str, Any]]:
     raise ValueError(f"the traces hold fewer than {tokens} tokens")
 
 
-def as_responses_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def as_responses_items(
+    messages: list[dict[str, Any]], encrypted: str = "gAAAAA" * 200
+) -> list[dict[str, Any]]:
     """A chat history as a Codex-like Responses input: system as developer messages, tool
-    calls as function_call items after an encrypted reasoning item, results as outputs."""
+    calls as function_call items after a reasoning item (`encrypted` its encrypted content),
+    results as outputs."""
     items: list[dict[str, Any]] = []
     for message in messages:
         role, content = message["role"], message.get("content") or ""
@@ -243,7 +246,7 @@ def as_responses_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             continue
         if role == "assistant" and message.get("tool_calls"):
-            items.append({"type": "reasoning", "summary": [], "encrypted_content": "gAAAAA" * 200})
+            items.append({"type": "reasoning", "summary": [], "encrypted_content": encrypted})
         if text:
             kind = "output_text" if role == "assistant" else "input_text"
             role = "developer" if role == "system" else role

@@ -222,14 +222,15 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
         ("parse", lambda: dialect.parse(raw)),
         ("parse, a new user message each turn", lambda: dialect.parse(next(turns))),
     ]
-    if isinstance(dialect, Chat):
+    if isinstance(dialect, Chat | Responses):
+        split = dialect
 
-        def by_messages() -> Parsed:
-            dialect.known.bodies = KnownBodies()  # the body unknown, its messages known
-            return dialect.parse(raw)
+        def by_items() -> Parsed:
+            split.known.bodies = KnownBodies()  # the body unknown, its items known
+            return split.parse(raw)
 
-        steps.append(("parse, only the messages known", by_messages))
-        steps.append(("parse, whole body (as before)", lambda: dialect.parse_whole(raw)))
+        steps.append(("parse, only the items known", by_items))
+        steps.append(("parse, whole body (as before)", lambda: split.parse_whole(raw)))
     if replay.parsed.keys is None:
         steps.append(("content keys (one dumps+hash each)", lambda: content_keys(canonical)))
     steps += [

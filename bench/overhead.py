@@ -5,11 +5,11 @@
                                        [--compare REV]
 
 Prints a Markdown table: added latency (p50/p99) for a small request and for a ~100k-token
-history that is not compacted, streaming time to first byte, requests/second at concurrency 16,
-RSS after the run and cold start, beside the targets and the LiteLLM proxy's figures measured
-earlier (bench/README.md). Every server is its own process; latency requests go to all of
-them in turn, so that a change in the machine's load shows in every column alike. Takes under
-a minute.
+history that is not compacted (chat messages, and the same as a Codex-like Responses request),
+streaming time to first byte, requests/second at concurrency 16, RSS after the run and cold
+start, beside the targets and the LiteLLM proxy's figures measured earlier (bench/README.md).
+Every server is its own process; latency requests go to all of them in turn, so that a change
+in the machine's load shows in every column alike. Takes about a minute.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
     Server,
+    as_responses_items,
     bare_relay,
     busy_seconds,
     cpu_seconds,
@@ -63,10 +64,22 @@ HEADERS = {
 STREAM_HEADERS = {**HEADERS, "x-fake-behavior": STREAM_BEHAVIOR}
 
 
-def chat(messages: list[dict[str, Any]], **fields: Any) -> bytes:
-    return orjson.dumps({"model": MODEL, "messages": messages, **fields})
+Request = tuple[str, bytes]  # a path below /v1, and a body
 
 
+def chat(messages: list[dict[str, Any]], **fields: Any) -> Request:
+    return "/chat/completions", orjson.dumps({"model": MODEL, "messages": messages, **fields})
+
+
+def responses(items: list[dict[str, Any]]) -> Request:
+    """A Codex-like request: instructions, and the history as input items."""
+    body = {"model": MODEL, "instructions": "You are Codex.", "input": items, "store": False}
+    return "/responses", orjson.dumps(body)
+
+
+# The long histories, by the name of their figures: chat messages, and the same as a Codex-like
+# Responses request (reasoning items, function calls and outputs).
+HISTORIES = {"history": "history (chat)", "codex": "history (Responses, Codex-like)"}
 SMALL = chat([{"role": "user", "content": "Say hello."}])
 STREAM = chat(
     [{"role": "user", "content": "Say hello."}], stream=True, stream_options={"include_usage": True}
@@ -94,16 +107,17 @@ class Figures:
     """What was measured of one way to the upstream: direct, or through one server."""
 
     name: str
-    url: str  # the chat completions URL
+    url: str  # the base URL, with /v1
     proxied: bool = False  # the compaction proxy: it says what it did in x-compaction-* headers
     pid: int = 0
     seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     rate: float = 0.0
     rate_direct: float = 0.0  # the direct figure measured just before this one
     cpu_us: float = 0.0  # CPU time per request under that load
-    overhead_ms: list[float] = field(default_factory=list)  # x-compaction-overhead-ms, history
-    cold_overhead_ms: float = 0.0  # the same on the first history request (nothing cached)
-    tokens: int = 0  # the proxy's count of the history
+    # x-compaction-overhead-ms of each history request, and of the first (nothing cached)
+    overhead_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    cold_overhead_ms: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)  # the proxy's count of each history
     rss_mb: float = 0.0
     peak_mb: float = 0.0
     cold_start_s: float = 0.0  # spawn to the first /healthz 200
@@ -111,7 +125,7 @@ class Figures:
 
     @classmethod
     def of(cls, name: str, server: Server, proxied: bool) -> Figures:
-        return cls(name, f"{server.url}/chat/completions", proxied, server.pid)
+        return cls(name, server.url, proxied, server.pid)
 
 
 class Client:
@@ -121,35 +135,43 @@ class Client:
         self.session = session
 
     async def call(
-        self, to: Figures, body: bytes, headers: dict[str, str] = HEADERS
+        self, to: Figures, request: Request, headers: dict[str, str] = HEADERS
     ) -> tuple[float, float, aiohttp.ClientResponse]:
         """(seconds to the first body byte, seconds to the end, response) of one request."""
+        path, body = request
         started = time.perf_counter()
-        async with self.session.post(to.url, data=body, headers=headers) as response:
+        async with self.session.post(f"{to.url}{path}", data=body, headers=headers) as response:
             first = await response.content.readany()
             first_byte = time.perf_counter() - started
             while await response.content.readany():
                 pass
             ended = time.perf_counter() - started
         if response.status != 200 or not first:
-            raise RuntimeError(f"{to.name} answered {response.status}")
+            raise RuntimeError(f"{to.name} answered {response.status}: {first[:300]!r}")
         action = response.headers.get("x-compaction-action")
         if to.proxied and action != "none":
             raise RuntimeError(f"the proxy did {action!r} to a request it should leave alone")
         return first_byte, ended, response
 
     async def rounds(
-        self, kind: str, body: bytes, count: int, ways: list[Figures], *, first_byte: bool = False
+        self,
+        kind: str,
+        request: Request,
+        count: int,
+        ways: list[Figures],
+        *,
+        first_byte: bool = False,
     ) -> None:
         """`count` requests each way, the order rotating so that each goes first as often."""
         headers = STREAM_HEADERS if first_byte else HEADERS
         for i in range(count):
             shift = i % len(ways)
             for way in ways[shift:] + ways[:shift]:
-                first, end, response = await self.call(way, body, headers)
+                first, end, response = await self.call(way, request, headers)
                 way.seconds[kind].append(first if first_byte else end)
-                if kind == "history" and way.proxied:
-                    way.overhead_ms.append(float(response.headers["x-compaction-overhead-ms"]))
+                if kind in HISTORIES and way.proxied:
+                    overhead = float(response.headers["x-compaction-overhead-ms"])
+                    way.overhead_ms[kind].append(overhead)
 
     async def rate(self, way: Figures, seconds: float, pid: int) -> tuple[float, float]:
         """Requests/second of CONCURRENCY clients sending back to back for `seconds`, and the
@@ -166,7 +188,8 @@ class Client:
 
         async def worker(index: int) -> None:
             while time.perf_counter() < deadline:
-                async with self.session.post(way.url, data=SMALL, headers=HEADERS) as response:
+                url = f"{way.url}{SMALL[0]}"
+                async with self.session.post(url, data=SMALL[1], headers=HEADERS) as response:
                     await response.read()
                 if response.status != 200:
                     raise RuntimeError(f"{way.name} answered {response.status}")
@@ -176,19 +199,23 @@ class Client:
         return sum(counts), time.perf_counter() - started
 
 
-async def measure(direct: Figures, through: list[Figures], sizes: Sizes, history: bytes) -> None:
+async def measure(
+    direct: Figures, through: list[Figures], sizes: Sizes, histories: dict[str, Request]
+) -> None:
     ways = [direct, *through]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         client = Client(session)
-        for way in through:
-            if way.proxied:
-                _, _, first = await client.call(way, history)
-                way.cold_overhead_ms = float(first.headers["x-compaction-overhead-ms"])
-                way.tokens = int(first.headers["x-compaction-tokens-before"])
-        await client.rounds("warm-up", history, 3, ways)  # caches and connections, both sides
+        for kind, history in histories.items():
+            for way in through:
+                if way.proxied:
+                    _, _, first = await client.call(way, history)
+                    way.cold_overhead_ms[kind] = float(first.headers["x-compaction-overhead-ms"])
+                    way.tokens[kind] = int(first.headers["x-compaction-tokens-before"])
+            await client.rounds("warm-up", history, 3, ways)  # caches and connections
         await client.rounds("warm-up", SMALL, 20, ways)
         await client.rounds("small", SMALL, sizes.small, ways)
-        await client.rounds("history", history, sizes.large, ways)
+        for kind, history in histories.items():
+            await client.rounds(kind, history, sizes.large, ways)
         await client.rounds("ttfb", STREAM, sizes.stream, ways, first_byte=True)
         for way in through:
             way.rate_direct, _ = await client.rate(direct, sizes.rate_seconds, direct.pid)
@@ -196,9 +223,19 @@ async def measure(direct: Figures, through: list[Figures], sizes: Sizes, history
         direct.rate, direct.cpu_us = await client.rate(direct, sizes.rate_seconds, direct.pid)
 
 
+def sealed_reasoning(upstream: str) -> str:
+    """Encrypted reasoning content the fake upstream made, so that it takes it back (as the
+    API, it refuses any other)."""
+    body = {"model": "o4-mini", "input": "hi", "include": ["reasoning.encrypted_content"]}
+    request = urllib.request.Request(f"{upstream}/responses", orjson.dumps(body), HEADERS)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        output = orjson.loads(answer.read())["output"]
+    return str(next(item for item in output if item["type"] == "reasoning")["encrypted_content"])
+
+
 def first_chat(server: Server) -> float:
     """Seconds from spawning `server` to its first chat completion answered."""
-    request = urllib.request.Request(f"{server.url}/chat/completions", SMALL, HEADERS)
+    request = urllib.request.Request(f"{server.url}{SMALL[0]}", SMALL[1], HEADERS)
     with urllib.request.urlopen(request, timeout=30) as response:
         response.read()
     return time.perf_counter() - server.spawned
@@ -249,15 +286,18 @@ def checkout(revision: str) -> Iterator[Path]:
 
 
 def run(
-    sizes: Sizes, redis_url: str | None, history: bytes, compare: str | None
-) -> tuple[list[Figures], float]:
+    sizes: Sizes, redis_url: str | None, history: list[dict[str, Any]], compare: str | None
+) -> tuple[list[Figures], float, dict[str, Request]]:
     """Start the servers one by one, measure them all, read their memory, stop them.
 
-    Returns the figures, direct first, and the cores' worth of CPU other processes used.
+    Returns the figures, direct first, the cores' worth of CPU other processes used and the
+    history requests.
     """
     prefix = f"cpbench-{os.urandom(4).hex()}"
     with fake_upstream({MODEL: WINDOW}) as upstream, contextlib.ExitStack() as stack:
-        direct = Figures("direct", f"{upstream.url}/chat/completions", pid=upstream.pid)
+        codex = as_responses_items(history, sealed_reasoning(upstream.url))
+        histories = {"history": chat(history), "codex": responses(codex)}
+        direct = Figures("direct", upstream.url, pid=upstream.pid)
         memory = proxy_config(upstream.url, "memory://", prefix)
         starts: list[tuple[str, contextlib.AbstractContextManager[Server], bool]] = [
             ("proxy, memory store", proxy(memory), True)
@@ -279,12 +319,13 @@ def run(
             through.append(way)
         pids = [upstream.pid, *(way.pid for way in through)]
         started, busy, ours = time.perf_counter(), busy_seconds(), _ours(pids)
-        uvloop.run(measure(direct, through, sizes, history))
+        uvloop.run(measure(direct, through, sizes, histories))
         others = busy_seconds() - busy - (_ours(pids) - ours)
         for way in through:
             memory = memory_mb(way.pid)
             way.rss_mb, way.peak_mb = memory["VmRSS"], memory["VmHWM"]
-        return [direct, *through], max(0.0, others) / (time.perf_counter() - started)
+        busy = max(0.0, others) / (time.perf_counter() - started)
+        return [direct, *through], busy, histories
 
 
 def _ours(pids: list[int]) -> float:
@@ -331,21 +372,27 @@ def _none(direct: Figures) -> str:
 ROWS: list[tuple[str, Direct, Cell, str, str]] = [
     ("small request, p50", _ms("small", 50), _added("small", 50, 1), "<= +1 ms", "+10.8 ms"),
     ("small request, p99", _ms("small", 99), _added("small", 99), "", ""),
-    ("{history}, p50", _ms("history", 50), _added("history", 50, 3), "<= +3 ms", "+14.0 ms"),
-    ("{history}, p99", _ms("history", 99), _added("history", 99), "", ""),
-    (
-        "proxy's x-compaction-overhead-ms p50, history",
-        _none,
-        _proxied(lambda w: f"{percentile(w.overhead_ms, 50):.2f} ms"),
-        "",
-        "",
-    ),
-    (
-        "the same, first history request (cold caches)",
-        _none,
-        _proxied(lambda w: f"{w.cold_overhead_ms:.2f} ms"),
-        "",
-        "",
+    *(
+        row
+        for kind, litellm in (("history", "+14.0 ms"), ("codex", ""))
+        for row in (
+            (f"{{{kind}}}, p50", _ms(kind, 50), _added(kind, 50, 3), "<= +3 ms", litellm),
+            (f"{{{kind}}}, p99", _ms(kind, 99), _added(kind, 99), "", ""),
+            (
+                "proxy's x-compaction-overhead-ms p50, that history",
+                _none,
+                _proxied(lambda w, kind=kind: f"{percentile(w.overhead_ms[kind], 50):.2f} ms"),
+                "",
+                "",
+            ),
+            (
+                "the same, first request of it (cold caches)",
+                _none,
+                _proxied(lambda w, kind=kind: f"{w.cold_overhead_ms[kind]:.2f} ms"),
+                "",
+                "",
+            ),
+        )
     ),
     ("streaming, time to first byte p50", _ms("ttfb", 50), _added("ttfb", 50, 1), "<= +1 ms", ""),
     ("streaming, time to first byte p99", _ms("ttfb", 99), _added("ttfb", 99), "", ""),
@@ -389,11 +436,15 @@ ROWS: list[tuple[str, Direct, Cell, str, str]] = [
 
 def report(figures: list[Figures], others: float, sizes: Sizes) -> str:
     direct, *through = figures
-    history = f"{max(way.tokens for way in through):,}-token history"
+    names = {
+        kind: f"{max(way.tokens.get(kind, 0) for way in through):,}-token {what}"
+        for kind, what in HISTORIES.items()
+    }
     head = ["figure", "direct", *(way.name for way in through), "target", "LiteLLM proxy"]
     lines = [
         f"machine: {machine()}",
-        f"samples: {sizes.small} small, {sizes.large} history and {sizes.stream} streamed requests"
+        f"samples: {sizes.small} small, {sizes.large} of each history and {sizes.stream} streamed"
+        " requests"
         f" each way, in turn; {sizes.rate_seconds:g} s per throughput figure",
         f"other processes' CPU meanwhile: {others:.2f} cores",
         "",
@@ -401,7 +452,7 @@ def report(figures: list[Figures], others: float, sizes: Sizes) -> str:
         "|" + "---|" * len(head),
     ]
     for name, of_direct, cell, target, litellm in ROWS:
-        cells = [name.format(history=history), of_direct(direct)]
+        cells = [name.format(**names), of_direct(direct)]
         cells += [cell(way, direct) for way in through]
         lines.append("| " + " | ".join([*cells, target, litellm]) + " |")
     if others > BUSY:
@@ -422,14 +473,17 @@ def main() -> None:
     args = parser.parse_args()
     sizes = Sizes().scaled(0.1) if args.quick else Sizes()
     started = time.perf_counter()
-    history = chat(long_history(HISTORY_TOKENS))
+    history = long_history(HISTORY_TOKENS)
     redis_url = args.redis_url if redis_reachable(args.redis_url) else None
     if redis_url is None:
         print(f"no Redis answers at {args.redis_url}: its run is skipped", file=sys.stderr)
-    figures, others = run(sizes, redis_url, history, args.compare)
+    figures, others, histories = run(sizes, redis_url, history, args.compare)
     print(report(figures, others, sizes))
     took = time.perf_counter() - started
-    print(f"\nhistory body {len(history) / 1024:.0f} KiB; the run took {took:.0f} s")
+    sizes_kib = ", ".join(
+        f"{HISTORIES[kind]} {len(body) / 1024:.0f} KiB" for kind, (_, body) in histories.items()
+    )
+    print(f"\nhistory bodies: {sizes_kib}; the run took {took:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The floor the proxy is measured against: a bare Starlette relay with an aiohttp client and no
-session, token or compaction work, served as the proxy is (uvicorn, uvloop, httptools).
+"""The floor the proxy is measured against: a bare Starlette relay of chat completions and
+Responses with an aiohttp client and no session, token or compaction work, served as the proxy
+is (uvicorn, uvloop, httptools).
 
     .venv/bin/python bench/relay.py --port 8090 --upstream http://127.0.0.1:8001/v1
 """
@@ -32,11 +33,12 @@ def relay_app(upstream: str) -> Starlette:
         yield
         await session.close()
 
-    async def chat(request: Request) -> Response:
+    async def relay(request: Request) -> Response:
         assert session is not None
         headers = [(k, v) for k, v in request.headers.items() if k not in _SKIP]
+        path = request.url.path.removeprefix("/v1")
         response = await session.post(
-            f"{upstream}/chat/completions", data=await request.body(), headers=headers
+            f"{upstream}{path}", data=await request.body(), headers=headers
         )
         relayed = {k: v for k, v in response.headers.items() if k.lower() not in _SKIP}
         if not response.content_type.startswith("text/event-stream"):
@@ -56,7 +58,8 @@ def relay_app(upstream: str) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/chat/completions", relay, methods=["POST"]),
+        Route("/v1/responses", relay, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

@@ -4,13 +4,16 @@ each kind of item and edit, and properties over random item lists compacted by t
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import operator
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import policies
@@ -31,10 +34,12 @@ from proxy.dialects.base import Parsed
 from proxy.dialects.responses import Responses
 from proxy.dialects.responses_items import CALLS, OPAQUE_ITEM_TOKENS, OUTPUTS, item_type
 from proxy.errors import InvalidRequest, SummaryFailed
+from proxy.memo import content_keys
 from proxy.tokens import counter_for
 from tests.conversations import words
 from tests.fake_upstream import validate_responses
 from tests.fake_upstream.responses_input import check_pairs
+from tests.test_raw_items import written
 
 DIALECT = Responses()
 COUNTER = counter_for("gpt-4o")
@@ -348,6 +353,9 @@ def item_lists(draw: st.DrawFn) -> list[Item]:
     end, sometimes, Codex's request for a compaction."""
     items: list[Item] = []
     calls = 0
+    # Every item of model output differs from every other: the test finds each item sent
+    # among those received by its content.
+    serial = iter(range(1 << 30))
 
     def maybe_unknown() -> None:
         if draw(st.integers(0, 5)) == 0:
@@ -369,15 +377,16 @@ def item_lists(draw: st.DrawFn) -> list[Item]:
         maybe_unknown()
         for _ in range(draw(st.integers(0, 4))):
             if draw(st.booleans()):
-                items.append(reasoning(calls))
+                items.append(reasoning(next(serial)))
             if draw(st.booleans()):
-                items.append(assistant(words(draw(st.integers(1, 60)), calls)))
+                text = words(draw(st.integers(1, 60)), calls)
+                items.append(assistant(f"{next(serial)}: {text}"))
             if draw(st.integers(0, 5)) == 0:
                 search = {"type": "search", "query": words(3, calls)}
                 items.append(
                     {
                         "type": "web_search_call",
-                        "id": f"ws_{calls}",
+                        "id": f"ws_{next(serial)}",
                         "status": "completed",
                         "action": search,
                     }
@@ -580,3 +589,166 @@ def test_summary_requests_suit_the_model() -> None:
     assert DIALECT.summary_text(orjson.dumps(answer)) == "## Goal"
     with pytest.raises(SummaryFailed, match="overlong"):
         DIALECT.summary_text(orjson.dumps({**answer, "status": "incomplete"}))
+
+
+# --- a replayed turn maps what is new -------------------------------------------------------
+
+# Items the fold keeps beside others: an output of no call just before it, a reference, a
+# screenshot (its cost goes to its call's message), a message of a role the API does not know.
+STRAYS = [
+    {"type": "function_call_output", "call_id": "call_stray", "output": "late"},
+    {"type": "item_reference", "id": "msg_1"},
+    {"type": "computer_call", "call_id": "cc_1", "action": {"type": "click", "x": 1, "y": 2}},
+    {
+        "type": "computer_call_output",
+        "call_id": "cc_1",
+        "output": {"type": "computer_screenshot", "image_url": PNG},
+    },
+    {"type": "local_shell_call", "id": "ls_1", "call_id": "ls_1", "action": {"type": "exec"}},
+    {"type": "local_shell_call_output", "id": "ls_1", "output": "done"},
+    {"role": "critic", "content": "an unknown role"},
+    {"type": "shell_call_output", "call_id": "call_9", "output": [{"type": "input_text"}]},
+]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Item]:
+    """Valid Codex-like items with strays anywhere, some of them refused (a text part without
+    its text)."""
+    items = draw(item_lists())
+    for _ in range(draw(st.integers(0, 4))):
+        items.insert(draw(st.integers(0, len(items))), draw(st.sampled_from(STRAYS)))
+    return items
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), st.data())
+def test_a_replayed_turn_maps_only_its_new_items_to_what_the_whole_body_gives(
+    items: list[Item], data: st.DataObject
+) -> None:
+    """Turn after turn of one history, as a client writes them (any spacing, keys written
+    twice), cut anywhere (in a run of model output, between a call and its output): the known
+    items' mapping resumed gives what mapping the whole body gives, or the same 400; and no
+    turn changes what an earlier one was given."""
+    dialect = Responses(split_from=0)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(items)), min_size=1, max_size=6)))
+    # The client's next turn is its last body with items added: the same bytes up to there.
+    space = data.draw(st.sampled_from(["", " ", "\n  "]))
+    texts = [data.draw(written(item)) for item in items]
+    given: list[tuple[Parsed, Any]] = []
+    resumed = 0
+    for cut in cuts:
+        if data.draw(st.integers(0, 3)):
+            listed = f",{space}".join(texts[:cut])
+            raw = (
+                f'{{"model":{space}"gpt-4o", "instructions": "Codex.", "input": [{space}{listed}'
+                f'{space}],{space}"store": false}}'
+            ).encode()
+        else:
+            body = {"model": "gpt-4o", "instructions": "Codex.", "input": items[:cut]}
+            raw = data.draw(written(body)).encode()
+        try:
+            whole = dialect.parse_whole(raw)
+        except InvalidRequest as refused:
+            with pytest.raises(InvalidRequest) as caught:
+                dialect.parse(raw)
+            assert (caught.value.message, caught.value.param) == (refused.message, refused.param)
+            continue
+        known = dialect.known.bodies.find(raw)
+        kept = copy.deepcopy(None if known is None else known.folded)
+        parsed = dialect.parse(raw)
+        if known is not None and known.folded is not None:
+            resumed += 1
+            assert all(map(operator.is_, parsed.items, known.items))  # looked up, not read
+            assert known.folded == kept  # what it resumed from is as it was
+        assert parsed.body == whole.body == orjson.loads(raw)
+        assert parsed.items == whole.items
+        assert parsed.messages == whole.messages
+        assert parsed.spans == whole.spans
+        assert parsed.keys == content_keys(parsed.messages)  # each key is its message's
+        # Untouched, every item goes upstream as the client's bytes of it.
+        assert parsed.raw_items is not None
+        assert [orjson.loads(sent) for sent in parsed.raw_items] == parsed.items
+        out = dialect.render(parsed, list(enumerate(parsed.messages)))
+        assert orjson.loads(out) == orjson.loads(raw)
+        listed = msgspec.json.decode(out, type=dict[str, msgspec.Raw])["input"]
+        sent = [bytes(item) for item in msgspec.json.decode(listed, type=list[msgspec.Raw])]
+        assert sent == list(parsed.raw_items)
+        # A view with messages dropped and edited (copies; no layer edits a system message),
+        # a summary first or not: the same body from either path.
+        shown = data.draw(st.lists(st.sampled_from("kde"), min_size=len(parsed.messages)))
+        header = data.draw(st.sampled_from([[], [(None, {"role": "user", "content": "gist"})]]))
+
+        def view(
+            read: Parsed, header: list[Any] = header, shown: list[str] = shown
+        ) -> list[tuple[int | None, policies.Message]]:
+            return [
+                *header,
+                *(
+                    (i, {**m} if how == "e" and not is_system(m) else m)
+                    for (i, m), how in zip(enumerate(read.messages), shown, strict=False)
+                    if how != "d"
+                ),
+            ]
+
+        out = dialect.render(parsed, view(parsed))
+        assert orjson.loads(out) == orjson.loads(dialect.render(whole, view(whole)))
+        expected: list[Any] = []  # each message's items in turn, as received or edited
+        for index, message in view(whole):
+            if index is None:
+                expected += dialect.summary_items(message)
+            elif message is whole.messages[index]:
+                expected += whole.native(index)
+            else:
+                expected += dialect.edited_items(
+                    whole.native(index), whole.messages[index], message
+                )
+        assert orjson.loads(out)["input"] == expected
+        given.append((parsed, copy.deepcopy((parsed.messages, parsed.spans, parsed.keys))))
+    for parsed, then in given:
+        assert (parsed.messages, parsed.spans, parsed.keys) == then
+    event("a turn resumed the mapping" if resumed else "no turn resumed it")
+
+
+def test_a_bad_item_after_known_ones_is_the_whole_body_paths_400() -> None:
+    """The split maps the new item and fails; the whole-body path names it, after any other
+    fault of the body."""
+    dialect = Responses(split_from=0)
+    good = [user("hi"), call(1)]
+    dialect.parse(orjson.dumps({"model": "m", "input": good}))
+    bad = [*good, answer(1), {"type": "function_call", "call_id": 7, "name": "x"}]
+    with pytest.raises(InvalidRequest) as caught:
+        dialect.parse(orjson.dumps({"model": "m", "input": bad}))
+    assert caught.value.param == "input[3].call_id"
+    with pytest.raises(InvalidRequest) as caught:
+        dialect.parse(orjson.dumps({"model": "m", "instructions": 1, "input": bad}))
+    assert caught.value.param == "instructions"
+
+
+def test_a_replayed_turn_reads_only_the_new_items() -> None:
+    """The history is looked up, not read: its items are the same objects as the turn's
+    before, and so are its messages but those the new items changed (copies)."""
+    dialect = Responses(split_from=0)
+    history = [user("fix it"), reasoning(1), call(1)]
+    first = dialect.parse(orjson.dumps({"model": "m", "input": history}))
+    then = copy.deepcopy(first.messages)
+    turn = [*history, answer(1, "done"), user("thanks")]
+    second = dialect.parse(orjson.dumps({"model": "m", "input": turn}))
+    assert all(map(operator.is_, second.items[:3], first.items))
+    assert second.messages[0] is first.messages[0]  # the user message: untouched
+    assert second.messages[1] is first.messages[1]  # the calls' message: no cost added
+    assert [m["role"] for m in second.messages] == ["user", "assistant", "tool", "user"]
+    assert first.messages == then
+
+
+def test_a_history_of_unknown_items_alone_is_mapped_again_when_a_message_follows() -> None:
+    """Alone they are one pinned message; once a message follows they are its parts."""
+    dialect = Responses(split_from=0)
+    unknown = [{"type": "future_item", "note": words(40, n)} for n in range(3)]
+    first = dialect.parse(orjson.dumps({"model": "m", "input": unknown}))
+    assert [m["role"] for m in first.messages] == ["system"]
+    raw = orjson.dumps({"model": "m", "input": [*unknown, user("hi")]})
+    assert dialect.known.bodies.find(raw) is not None
+    parsed = dialect.parse(raw)
+    assert parsed.messages == dialect.parse_whole(raw).messages
+    assert [m["role"] for m in parsed.messages] == ["user"]

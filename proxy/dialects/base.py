@@ -12,14 +12,18 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import orjson
 from starlette.responses import Response
 
 from policies import Message
 
 from ..errors import APIError
 from ..tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from .raw_items import ItemBytes
 
 Entries = Sequence[tuple[int | None, Message]]
 
@@ -35,6 +39,8 @@ class Parsed:
     upstream, e.g. `previous_response_id`): such a request is forwarded unchanged.
     `keys` is each message's content key for the per-message memos (`proxy.memo`), when the
     dialect has one cheaper than `content_keys` (the hash of the client's bytes of it).
+    `raw_items` are the client's bytes of each native item, when the dialect kept them: an
+    item no layer touched goes upstream as them.
     The messages (and `body`'s values) may be shared with other requests, memoised by their
     bytes (`raw_items`): nothing may change them in place.
     """
@@ -49,6 +55,7 @@ class Parsed:
     max_output: int | None
     opaque_reason: str | None = None
     keys: Sequence[int] | None = None
+    raw_items: ItemBytes | None = None
 
     def native(self, index: int) -> Sequence[Any]:
         """The native items canonical message `index` stands for."""
@@ -112,9 +119,11 @@ class Dialect(ABC):
     def edited_items(self, items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
         """The native items of a canonical message that a layer edited."""
 
-    @abstractmethod
     def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
-        """The request body with its conversation replaced by `items`."""
+        """The request body with its conversation replaced by `items`: bytes are the client's
+        own of an item or of a run of items (`ItemBytes.run`), written as they came."""
+        conversation = [orjson.Fragment(i) if i.__class__ is bytes else i for i in items]
+        return orjson.dumps({**parsed.body, self.conversation_param: conversation})
 
     @abstractmethod
     def wants_usage(self, parsed: Parsed) -> bool:
@@ -175,68 +184,30 @@ class Dialect(ABC):
     def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
         """The body that forwards the view `entries` (from `policies.render_entries`), with
         the proxy's own prompt-cache breakpoints when `breakpoints` (APIs with `marks_cache`).
-        """
-        if parsed.spans is not None:
-            groups = self.groups(parsed, entries)
-            return self.body_with(parsed, [item for _, group in groups for item in group])
+
+        Here each canonical message stands for native items of its own (the dialects whose
+        messages share items render them together: Anthropic's). The untouched messages'
+        items go as runs of the client's bytes (`ItemBytes.run`) when it kept them."""
         items: list[Any] = []
+        spans, messages, sent = parsed.spans, parsed.messages, parsed.raw_items
+
+        def untouched(start: int, stop: int) -> Sequence[Any]:
+            return parsed.items[start:stop] if sent is None else sent.run(start, stop)
+
+        start = stop = 0  # the run of untouched items not written yet
         for index, message in entries:
+            if index is not None and message is messages[index]:
+                first = index if spans is None else spans[index].start
+                if first != stop:
+                    items += untouched(start, stop)
+                    start = first
+                stop = index + 1 if spans is None else spans[index].stop
+                continue
+            items += untouched(start, stop)
+            start = stop = 0
             if index is None:
                 items += self.summary_items(message)
-                continue
-            original = parsed.messages[index]
-            if message is original:
-                items.append(parsed.items[index])
             else:
-                items += self.edited_items(parsed.items[index : index + 1], original, message)
+                items += self.edited_items(parsed.native(index), messages[index], message)
+        items += untouched(start, stop)
         return self.body_with(parsed, items)
-
-    def groups(self, parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]]]:
-        """The view as native items, one group per native span: (the index of the group's
-        last request message, None for the header message; the group's items).
-
-        Several canonical messages may stand for the same native items (an Anthropic user
-        turn holds tool results and text): that span goes out once, as received when all its
-        messages are shown unchanged, else rebuilt by `shared_items` with every edit.
-        """
-        spans = cast(Sequence[slice], parsed.spans)
-        members: dict[int, list[int]] = {}
-        for position, span in enumerate(spans):
-            members.setdefault(span.start, []).append(position)
-        groups: list[tuple[int | None, list[Any]]] = []
-        run: dict[int, Message] = {}
-
-        def flush() -> None:
-            if not run:
-                return
-            first = next(iter(run))
-            native = parsed.native(first)
-            indices = members[spans[first].start]
-            if len(run) == len(indices) and all(run[i] is parsed.messages[i] for i in indices):
-                items = list(native)
-            elif len(indices) == 1:
-                items = self.edited_items(native, parsed.messages[first], run[first])
-            else:
-                shown = [(parsed.messages[i], run.get(i)) for i in indices]
-                items = self.shared_items(native, shown)
-            groups.append((max(run), items))
-            run.clear()
-
-        for index, message in entries:
-            if index is None:
-                flush()
-                groups.append((None, self.summary_items(message)))
-                continue
-            if run and spans[next(iter(run))].start != spans[index].start:
-                flush()
-            run[index] = message
-        flush()
-        return groups
-
-    def shared_items(
-        self, items: Sequence[Any], shown: Sequence[tuple[Message, Message | None]]
-    ) -> list[Any]:
-        """The native items that several canonical messages stand for, given each of them
-        (in order) and how the view shows it (None: evicted or dropped). Only dialects whose
-        spans share native items have them."""
-        raise NotImplementedError(f"{self.name} maps each native item to one message")

@@ -29,7 +29,7 @@ from .openai import (
     load_object,
     optional_int,
 )
-from .raw_items import SPLIT_FROM, KnownItems
+from .raw_items import SPLIT_FROM, ItemBytes, KnownItems
 
 
 class Chat(OpenAIDialect):
@@ -65,7 +65,7 @@ class Chat(OpenAIDialect):
             except BadField as bad:
                 # The location is only spelled out when something is wrong.
                 raise invalid_type(f"messages[{i}]{bad.path}", bad.expected, bad.value) from None
-        return _parsed(raw, body, messages, None)
+        return _parsed(raw, body, None, None)
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         metadata = parsed.body.get("metadata")
@@ -80,11 +80,6 @@ class Chat(OpenAIDialect):
 
     def edited_items(self, items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
         return [edited]
-
-    def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
-        # An untouched message is the client's bytes of it, when the body was split.
-        messages = [orjson.Fragment(i) if i.__class__ is bytes else i for i in items]
-        return orjson.dumps({**parsed.body, "messages": messages})
 
     def wants_usage(self, parsed: Parsed) -> bool:
         if not parsed.stream:
@@ -132,10 +127,10 @@ class Chat(OpenAIDialect):
 
 
 def _parsed(
-    raw: bytes, body: dict[str, Any], items: Sequence[Any], keys: list[int] | None
+    raw: bytes, body: dict[str, Any], sent: ItemBytes | None, keys: list[int] | None
 ) -> Parsed:
-    """The request, its messages (`body["messages"]`) checked; `items` are the messages as
-    dicts, or the client's bytes of each."""
+    """The request, its messages (`body["messages"]`) checked; `sent` the client's bytes of
+    each, when the body was split, and `keys` their hashes."""
     max_tokens = optional_int(body, "max_tokens")
     max_output = optional_int(body, "max_completion_tokens")
     if max_output is None:
@@ -145,11 +140,12 @@ def _parsed(
         body=body,
         model=body["model"],
         messages=body["messages"],
-        items=items,
+        items=body["messages"],
         spans=None,
         stream=bool(body.get("stream")),
         max_output=max_output,
         keys=keys,
+        raw_items=sent,
     )
 
 

@@ -185,6 +185,48 @@ class Messages(Dialect):
         message = rebuilt(items[0], shown)
         return [] if message is None else [message]
 
+    def groups(self, parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]]]:
+        """The view as native items, one group per native span: (the index of the group's
+        last request message, None for the header message; the group's items).
+
+        Several canonical messages may stand for the same native items (an Anthropic user
+        turn holds tool results and text): that span goes out once, as received when all its
+        messages are shown unchanged, else rebuilt by `shared_items` with every edit.
+        """
+        spans = cast(Sequence[slice], parsed.spans)
+        members: dict[int, list[int]] = {}
+        for position, span in enumerate(spans):
+            members.setdefault(span.start, []).append(position)
+        groups: list[tuple[int | None, list[Any]]] = []
+        run: dict[int, Message] = {}
+
+        def flush() -> None:
+            if not run:
+                return
+            first = next(iter(run))
+            native = parsed.native(first)
+            indices = members[spans[first].start]
+            if len(run) == len(indices) and all(run[i] is parsed.messages[i] for i in indices):
+                items = list(native)
+            elif len(indices) == 1:
+                items = self.edited_items(native, parsed.messages[first], run[first])
+            else:
+                shown = [(parsed.messages[i], run.get(i)) for i in indices]
+                items = self.shared_items(native, shown)
+            groups.append((max(run), items))
+            run.clear()
+
+        for index, message in entries:
+            if index is None:
+                flush()
+                groups.append((None, self.summary_items(message)))
+                continue
+            if run and spans[next(iter(run))].start != spans[index].start:
+                flush()
+            run[index] = message
+        flush()
+        return groups
+
     def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
         # Each item with the native message it comes from (None: the header).
         sources: Sequence[int | None]
@@ -238,9 +280,6 @@ class Messages(Dialect):
                 stable = position
         marks = [position for position in (rewritten, stable) if position is not None]
         return with_breakpoints(parsed.body, parsed.raw, items, marks)
-
-    def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
-        return orjson.dumps({**parsed.body, "messages": items})
 
     def wants_usage(self, parsed: Parsed) -> bool:
         return True  # the API always reports it

@@ -36,6 +36,7 @@ _WHITESPACE = b" \t\n\r"  # JSON's (bytes.strip's default strips more)
 # may match too, and is then read whole).
 _EMPTY_NAME = re.compile(rb'""[ \t\n\r]*:')
 _BETWEEN = re.compile(rb"[ \t\n\r]*,?[ \t\n\r]*")  # what comes between items of an array
+_NO_OFFSETS: array[int] = array("Q")  # of no known item (never changed)
 
 
 # Bodies shorter than this are read whole: no shorter body is kept to be known again
@@ -50,9 +51,10 @@ class Split(NamedTuple):
 
     body: dict[str, Any]  # every field; the conversation's items decoded (the list `items`)
     items: list[Any]
-    raw: Sequence[bytes]  # the client's bytes of each item
+    raw: ItemBytes  # the client's bytes of each item
     keys: list[int]  # a content key of each item (`proxy.memo`): the hash of its bytes
     derived: list[Any] | None = None  # `KnownItems.derive` of each item, if it has one
+    folded: Any = None  # `KnownItems.fold` of the items, if it has one
 
 
 class KnownItems:
@@ -69,6 +71,12 @@ class KnownItems:
     their decoded form takes 1.5 to 12 B a byte of JSON (long text to tiny blocks); what
     `derive` makes of them (if given), in a memo of the same bounds, 0.13 to 0.7 of that
     (Anthropic's canonical messages); and `KnownBodies`' bound.
+
+    `derive` makes something of each item alone; `fold`, of the conversation's items in turn
+    (the Responses API's canonical messages, several items to one), given what it made of the
+    known body's items, which the conversation begins with (None: it starts over): it must
+    not change that, which the known body keeps. An error either raises (but a ValueError)
+    reaches the caller of `split`.
     """
 
     def __init__(
@@ -79,15 +87,14 @@ class KnownItems:
         max_bytes: int = 8 << 20,
         min_bytes: int = SPLIT_FROM,
         derive: Callable[[Any], Any] | None = None,
+        fold: Callable[[list[Any], Any], Any] | None = None,
     ) -> None:
         self.accepts = accepts  # whether the dialect's checks pass an item
         self.min_bytes = min_bytes  # a shorter body is left to the whole-body path
         self.memo: Memo[Any] = Memo(size, max_bytes=max_bytes)
-        # What the dialect makes of an item (Anthropic's: its canonical messages), looked up
-        # by its bytes as the item is; an error `derive` raises (but a ValueError) reaches the
-        # caller of `split`.
         self.derive = derive
         self.derived: Memo[Any] = Memo(size, max_bytes=max_bytes)
+        self.fold = fold
         self.bodies = KnownBodies()
 
     def split(self, raw: bytes, field: str) -> Split | None:
@@ -128,8 +135,9 @@ class KnownItems:
             before = _FIELDS.decode(raw[:start] + b"null}")
             before.pop(field)
             end = start + len(listed[:-1].rstrip(_WHITESPACE))
-            offsets = _offsets(listed, spans, start)
-            self.bodies.add(_known(raw[:end], _values(before), offsets, split))
+            prefix, offsets = raw[:end], _offsets(listed, spans, start)
+            split = split._replace(raw=ItemBytes(prefix, offsets, []))  # runs cut in one piece
+            self.bodies.add(_known(prefix, _values(before), offsets, split))
         return split
 
     def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
@@ -177,13 +185,16 @@ class KnownItems:
         # The dict look-ups above hashed every span; bytes keep their hash.
         keys = list(map(hash, spans))
         derived = None if self.derive is None else self.derived.each(items, self.derive, spans)
-        raw: Sequence[bytes] = spans
+        raw = ItemBytes(b"", _NO_OFFSETS, spans)
         if known is not None:
             items, keys = known.items + items, known.keys.tolist() + keys
             if derived is not None:
                 derived = known.derived + derived
-            raw = _Cut(known.prefix, known.offsets, spans)
-        return Split({**before, field: items, **after}, items, raw, keys, derived)
+            raw = ItemBytes(known.prefix, known.offsets, spans)
+        folded = None
+        if self.fold is not None:
+            folded = self.fold(items, None if known is None else known.folded)
+        return Split({**before, field: items, **after}, items, raw, keys, derived, folded)
 
     def _read(self, span: bytes) -> Any:
         """A new item, read as the whole-body path reads it: parsed, no deeper than the body
@@ -194,9 +205,10 @@ class KnownItems:
         return item
 
 
-class _Cut(Sequence[bytes]):
-    """The bytes of a known body's items, each cut from the body's when asked for (a turn that
-    goes upstream as it came asks for none), then those of the items after them."""
+class ItemBytes(Sequence[bytes]):
+    """The client's bytes of each item of a conversation: those of a known body's items, each
+    cut from the body's when asked for (a turn that goes upstream as it came asks for none),
+    then those of the items after them."""
 
     def __init__(self, prefix: bytes, offsets: array[int], after: list[bytes]) -> None:
         self._prefix = prefix
@@ -206,6 +218,17 @@ class _Cut(Sequence[bytes]):
 
     def __len__(self) -> int:
         return self._known + len(self._after)
+
+    def run(self, start: int, stop: int) -> list[bytes]:
+        """The bytes of the items from `start` to `stop` (not included) in as few pieces as
+        they are in: the known items' in one, with the client's bytes between them, each of
+        the others alone. Written as they are, they are the client's array of those items."""
+        known = self._known
+        end = min(stop, known)
+        pieces = []
+        if start < end:
+            pieces.append(self._prefix[self._offsets[2 * start] : self._offsets[2 * end - 1]])
+        return pieces + self._after[max(start - known, 0) : max(stop - known, 0)]
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -237,6 +260,7 @@ class _Known(NamedTuple):
     keys: array[int]
     items: list[Any]
     derived: list[Any]  # empty without `KnownItems.derive`
+    folded: Any  # None without `KnownItems.fold`
     size: int
 
 
@@ -246,17 +270,20 @@ class _Known(NamedTuple):
 # memo may hold that too): 400 B an item and 2 B a byte of its JSON.
 _PER_BODY = 1_000
 _PER_ITEM = 400
+_PER_MADE_ITEM = 600
 _DECODED_PER_BYTE = 2
 
 
 def _known(prefix: bytes, before: dict[str, Any], offsets: array[int], split: Split) -> _Known:
-    # What is derived from the items is counted as much again as their decoded form (an
-    # upper bound: 0.13 to 0.7 of it).
+    # What is derived or folded from the items is counted as much again as their decoded
+    # form (an upper bound: 0.13 to 0.7 of it).
     derived = [] if split.derived is None else split.derived
-    decoded = _DECODED_PER_BYTE * (1 if split.derived is None else 2)
-    size = _PER_BODY + (1 + decoded) * len(prefix) + _PER_ITEM * len(split.items)
+    made = split.derived is not None or split.folded is not None
+    decoded = _DECODED_PER_BYTE
+    per_item = _PER_ITEM + (_PER_MADE_ITEM if made else 0)
+    size = _PER_BODY + (1 + decoded) * len(prefix) + per_item * len(split.items)
     keys = array("q", split.keys)
-    return _Known(prefix, before, offsets, keys, split.items, derived, size)
+    return _Known(prefix, before, offsets, keys, split.items, derived, split.folded, size)
 
 
 def _offsets(listed: bytes, spans: list[bytes], at: int) -> array[int]:

@@ -16,7 +16,7 @@ import orjson
 
 from policies import Message
 
-from ..errors import SummaryFailed
+from ..errors import InvalidRequest, SummaryFailed
 from ..tokens import TokenCounter
 from .base import Parsed, Usage
 from .openai import (
@@ -27,7 +27,8 @@ from .openai import (
     load_object,
     optional_int,
 )
-from .responses_items import edited_items, map_items
+from .raw_items import SPLIT_FROM, ItemBytes, KnownItems
+from .responses_items import Mapped, edited_items, map_items
 
 SESSION_HEADER = "session_id"  # where Codex CLI names its session
 HELD_UPSTREAM = ("previous_response_id", "conversation")  # fields naming a history held upstream
@@ -46,11 +47,24 @@ class Responses(OpenAIDialect):
     conversation_param = "input"
     usage_fields = ("input_tokens", "input_tokens_details")
 
+    def __init__(self, *, split_from: int = SPLIT_FROM) -> None:
+        # Items sent before are looked up by their bytes, and the canonical messages of a
+        # body's items kept with it (`raw_items`): a replayed turn maps only its new items.
+        self.known = KnownItems(_is_object, min_bytes=split_from, fold=map_items)
+
     def parse(self, raw: bytes) -> Parsed:
+        try:
+            split = self.known.split(raw, "input")
+        except InvalidRequest:
+            split = None  # the whole-body path names the item, after any other fault
+        if split is None:
+            return self.parse_whole(raw)
+        return _parsed(raw, split.body, split.items, split.raw, split.folded)
+
+    def parse_whole(self, raw: bytes) -> Parsed:
+        """The request read whole, every item mapped: the path of a body the split does not
+        read, which says what is wrong with it."""
         body = load_object(raw)
-        instructions = body.get("instructions")
-        if instructions is not None and not isinstance(instructions, str):
-            raise invalid_type("instructions", "a string", instructions)
         given = body.get("input")
         if isinstance(given, str):
             items: list[Any] = [{"role": "user", "content": given}]
@@ -58,19 +72,7 @@ class Responses(OpenAIDialect):
             items = given or []
         else:
             raise invalid_type("input", "a string or an array of input items", given)
-        mapped = map_items(items)
-        held = next((k for k in HELD_UPSTREAM if body.get(k)), None)
-        return Parsed(
-            raw=raw,
-            body=body,
-            model=body["model"],
-            messages=mapped.messages,
-            items=items,
-            spans=mapped.spans,
-            stream=bool(body.get("stream")),
-            max_output=optional_int(body, "max_output_tokens"),
-            opaque_reason=held,
-        )
+        return _parsed(raw, body, items, None, None)
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         metadata = parsed.body.get("metadata")
@@ -111,9 +113,6 @@ class Responses(OpenAIDialect):
 
     def edited_items(self, items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
         return edited_items(items, original, edited)
-
-    def body_with(self, parsed: Parsed, items: list[Any]) -> bytes:
-        return orjson.dumps({**parsed.body, "input": items})
 
     def wants_usage(self, parsed: Parsed) -> bool:
         return True  # a Responses stream always ends with the response and its usage
@@ -180,6 +179,40 @@ class Responses(OpenAIDialect):
             if part.get("type") == "output_text" and isinstance(part.get("text"), str)
         ]
         return "".join(texts)
+
+
+def _parsed(
+    raw: bytes,
+    body: dict[str, Any],
+    items: list[Any],
+    sent: ItemBytes | None,
+    mapped: Mapped | None,
+) -> Parsed:
+    """The request: `items` its input items, `sent` the client's bytes of each when the body
+    was split, `mapped` their canonical messages when the split mapped them."""
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid_type("instructions", "a string", instructions)
+    if mapped is None:
+        mapped = map_items(items)
+    held = next((k for k in HELD_UPSTREAM if body.get(k)), None)
+    return Parsed(
+        raw=raw,
+        body=body,
+        model=body["model"],
+        messages=mapped.messages,
+        items=items,
+        spans=mapped.spans,
+        stream=bool(body.get("stream")),
+        max_output=optional_int(body, "max_output_tokens"),
+        opaque_reason=held,
+        keys=mapped.keys,
+        raw_items=sent,
+    )
+
+
+def _is_object(item: Any) -> bool:
+    return item.__class__ is dict
 
 
 def _events(data: bytes) -> Iterator[dict[str, Any]]:

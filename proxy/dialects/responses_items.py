@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from policies import Message, media_tokens
 from policies.conversation import SYSTEM_ROLES
@@ -80,15 +82,33 @@ def opaque(tokens: int = OPAQUE_ITEM_TOKENS) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Mapped:
+    """The canonical messages of the first `count` items, the items each stands for and the
+    content key of each (`proxy.memo`); and where the fold stood after them, to go on from
+    when more items follow (`map_items(after=...)`). Never changed once made: later folds copy
+    what they change."""
+
     messages: list[Message]
     spans: list[slice]
+    keys: list[int]
+    count: int
+    fold: _Fold | None = None  # None: a later fold starts over (see `_Builder.finish`)
 
 
-def map_items(items: Sequence[Any]) -> Mapped:
+class _Fold(NamedTuple):
+    starts: list[int]
+    group: int | None
+    block: int | None
+    answers: dict[str, str]
+
+
+def map_items(items: Sequence[Any], after: Mapped | None = None) -> Mapped:
     """The canonical messages of `items` and the items each stands for; InvalidRequest when
-    a field compaction reads has the wrong type."""
-    builder = _Builder()
-    for index, item in enumerate(items):
+    a field compaction reads has the wrong type. With `after`, the mapping of the first items
+    of `items` (the same items: a turn of a conversation already read), only the items after
+    them are read: the history costs a copy of its lists, not a pass over its messages."""
+    builder = _Builder(after)
+    for index in range(builder.count, len(items)):
+        item = items[index]
         if not isinstance(item, dict):
             raise invalid_type(f"input[{index}]", "an object", item)
         try:
@@ -99,13 +119,28 @@ def map_items(items: Sequence[Any]) -> Mapped:
 
 
 class _Builder:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.starts: list[int] = []
+    """The fold of items into canonical messages. Resumed from a mapping, it changes none of
+    that mapping's messages in place: a message it adds to is copied first (`_own`)."""
+
+    def __init__(self, after: Mapped | None) -> None:
         self.lead: list[dict[str, Any]] = []  # parts of items before the first message
-        self.group: int | None = None  # the assistant message model output goes to
-        self.block: int | None = None  # the assistant message whose calls are answered
-        self.answers: dict[str, str] = {}  # its calls: call_id (or item id) -> call_id
+        self.owned: set[int] = set()  # the messages this fold made or copied
+        if after is None or after.fold is None:
+            self.count = 0
+            self.messages: list[Message] = []
+            self.keys: list[int] = []
+            self.spans: list[slice] = []
+            self.starts: list[int] = []
+            self.group: int | None = None  # the assistant message model output goes to
+            self.block: int | None = None  # the assistant message whose calls are answered
+            self.answers: dict[str, str] = {}  # its calls: call_id (or item id) -> call_id
+            return
+        fold = after.fold
+        self.count = after.count
+        self.messages, self.keys = list(after.messages), list(after.keys)
+        self.spans = after.spans[:-1]  # the last one ends where the items do
+        self.starts = list(fold.starts)
+        self.group, self.block, self.answers = fold.group, fold.block, dict(fold.answers)
 
     def add(self, index: int, item: dict[str, Any]) -> None:
         kind = item_type(item)
@@ -123,19 +158,43 @@ class _Builder:
             self._attach(_opaque_parts(item, kind))
 
     def finish(self, count: int) -> Mapped:
-        if self.lead:  # nothing but items the proxy does not know: one pinned message
+        # Nothing but items the proxy does not know: one pinned message. A later item that
+        # makes a message would take these parts instead, so such a mapping is not resumed.
+        resumable = not self.lead
+        if self.lead:
             self._new(0, {"role": "system", "content": []}, block=None)
-        for message in self.messages:
+        self.keys += [0] * (len(self.messages) - len(self.keys))
+        for at in self.owned:
+            message = self.messages[at]
             if message["role"] == "assistant" and not message["content"]:
                 message["content"] = None
-        stops = [*self.starts[1:], count] if self.starts else []  # no item, no message
-        return Mapped(self.messages, [slice(a, b) for a, b in zip(self.starts, stops, strict=True)])
+            self.keys[at] = hash(orjson.dumps(message))
+        if self.starts:  # no item, no message
+            first = len(self.spans)
+            stops = [*self.starts[first + 1 :], count]
+            self.spans += [slice(a, b) for a, b in zip(self.starts[first:], stops, strict=True)]
+        fold = _Fold(self.starts, self.group, self.block, self.answers) if resumable else None
+        return Mapped(self.messages, self.spans, self.keys, count, fold)
+
+    def _own(self, at: int) -> Message:
+        """Message `at`, to change: a copy when it is the mapping's this fold resumed."""
+        if at in self.owned:
+            return self.messages[at]
+        message = self.messages[at]
+        content = message["content"]
+        copy = {**message, "content": [] if content is None else _copied(content)}
+        if "tool_calls" in message:
+            copy["tool_calls"] = list(message["tool_calls"])
+        self.messages[at] = copy
+        self.owned.add(at)
+        return copy
 
     def _new(self, index: int, message: Message, *, block: int | None) -> None:
         """A new canonical message: it ends the run of model output; `block` is the assistant
         message whose answers may follow."""
         self.group, self.block = None, block
         self.starts.append(index if self.messages else 0)
+        self.owned.add(len(self.messages))
         self.messages.append(message)
         if self.lead:
             self._attach(self.lead)
@@ -159,7 +218,7 @@ class _Builder:
             group = len(self.messages)
             self._new(index, {"role": "assistant", "content": []}, block=group)
             self.group = group
-        message = self.messages[self.group]
+        message = self._own(self.group)
         message["content"] += parts
         if call is not None:
             message.setdefault("tool_calls", []).append(call)
@@ -177,7 +236,8 @@ class _Builder:
         block = self.block
         content, cost = output_content(item.get("output"), kind)
         self._new(index, {"role": "tool", "tool_call_id": call_id, "content": content}, block=block)
-        self.messages[block]["content"] += cost
+        if cost:
+            self._own(block)["content"] += cost
 
     def _attach(self, parts: list[dict[str, Any]]) -> None:
         """Parts of an item kept with the message before it, where no layer removes them."""
@@ -187,7 +247,7 @@ class _Builder:
         at = len(self.messages) - 1
         if self.messages[at]["role"] == "tool" and self.block is not None:
             at = self.block
-        message = self.messages[at]
+        message = self._own(at)
         content = message["content"]
         message["content"] = [*([_text(content)] if isinstance(content, str) else content), *parts]
 
@@ -294,6 +354,10 @@ def _list(value: Any, path: str) -> list[Any]:
     if value is not None and not isinstance(value, list):
         raise BadField(path, "an array of objects", value)
     return value or []
+
+
+def _copied(content: Any) -> Any:
+    return list(content) if isinstance(content, list) else content
 
 
 def _text(text: Any) -> dict[str, Any]:
