@@ -8,6 +8,7 @@ its own core, as in production.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import socket
@@ -264,6 +265,43 @@ def as_responses_items(
                 }
             )
     return items
+
+
+def as_messages_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat history as a Claude Code-like Messages request: system apart, tool calls as
+    `tool_use` blocks after the assistant's text, each run of results as one user turn of
+    `tool_result` blocks."""
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        text = content if isinstance(content, str) else str(content)
+        if role == "tool":
+            result = {
+                "type": "tool_result",
+                "tool_use_id": message["tool_call_id"],
+                "content": text,
+            }
+            if turns and turns[-1]["role"] == "user" and turns[-1].get("results"):
+                turns[-1]["content"].append(result)
+            else:
+                turns.append({"role": "user", "content": [result], "results": True})
+            continue
+        if role == "system":
+            continue
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            try:
+                arguments = json.loads(function["arguments"])
+            except ValueError:
+                arguments = {"raw": function["arguments"]}
+            use = {"type": "tool_use", "id": call["id"], "name": function["name"]}
+            blocks.append({**use, "input": arguments if isinstance(arguments, dict) else {}})
+        turns.append({"role": role, "content": blocks or text})
+    for turn in turns:
+        turn.pop("results", None)
+    return {"max_tokens": 4096, "system": "\n\n".join(system), "messages": turns}
 
 
 def machine() -> str:

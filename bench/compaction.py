@@ -30,13 +30,21 @@ import tiktoken
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import as_responses_items, free_port, long_history, machine, percentile
+from common import (
+    as_messages_body,
+    as_responses_items,
+    free_port,
+    long_history,
+    machine,
+    percentile,
+)
 
 import policies
 from proxy.app import Proxy
 from proxy.config import Config, Policy, load, loads
 from proxy.dialects import Dialect, Parsed
 from proxy.dialects.chat import Chat
+from proxy.dialects.messages import Messages
 from proxy.dialects.raw_items import KnownBodies
 from proxy.dialects.responses import Responses
 from proxy.memo import content_keys
@@ -146,8 +154,10 @@ def proxy_config() -> Config:
     """The shipped defaults; LARGE_MODEL is MODEL with a 1M window, where 128k is not compacted."""
     return loads(
         f"""
+default_upstream: {{chat: nowhere, responses: nowhere, messages: claude}}
 upstreams:
   nowhere: {{base_url: "http://127.0.0.1:{free_port()}/v1"}}
+  claude: {{base_url: "http://127.0.0.1:{free_port()}/v1", kind: anthropic}}
 models:
   - {{match: "{LARGE_MODEL}", context_window: {LARGE_WINDOW}, encoding: o200k_base}}
 """
@@ -168,14 +178,17 @@ def request_of(config: Config, model: str, dialect: Dialect, body: dict[str, Any
 
 
 async def bench_request(runs: int, dialect: Dialect) -> list[str]:
-    """`dialect`'s request of the long history: chat messages, or Codex-like Responses items."""
+    """`dialect`'s request of the long history: chat messages, Codex-like Responses items or
+    a Claude Code-like Messages request."""
     messages = long_history(REQUEST_TOKENS, MODEL)
-    field, items = (
-        ("messages", messages)
-        if dialect.name == "chat"
-        else ("input", as_responses_items(messages))
-    )
-    body = {field: items} if dialect.name == "chat" else {field: items, "instructions": "Codex."}
+    field = dialect.conversation_param
+    if dialect.name == "chat":
+        body: dict[str, Any] = {field: messages}
+    elif dialect.name == "responses":
+        body = {field: as_responses_items(messages), "instructions": "Codex."}
+    else:
+        body = as_messages_body(messages)
+    items = body[field]
     store = MemoryStore(ttl_seconds=3600)
     config = proxy_config()
     metrics = Metrics()
@@ -222,7 +235,7 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
         ("parse", lambda: dialect.parse(raw)),
         ("parse, a new user message each turn", lambda: dialect.parse(next(turns))),
     ]
-    if isinstance(dialect, Chat | Responses):
+    if isinstance(dialect, Chat | Responses | Messages):
         split = dialect
 
         def by_items() -> Parsed:
@@ -267,7 +280,7 @@ async def main() -> None:
     print(conditions())
     for line in await bench_compaction(args.runs):
         print(line)
-    for dialect in (Chat(), Responses()):
+    for dialect in (Chat(), Responses(), Messages()):
         print()
         for line in await bench_request(args.runs, dialect):
             print(line)

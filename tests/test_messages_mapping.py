@@ -8,12 +8,14 @@ import copy
 import itertools
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import policies
+from proxy.dialects.base import Parsed
 from proxy.dialects.blocks import rebuilt, thinking_turn
 from proxy.dialects.breakpoints import with_breakpoints
 from proxy.dialects.messages import Messages, user_id_session
@@ -75,6 +77,38 @@ def rendered(parsed: Any, entries: Any, breakpoints: bool = False) -> dict[str, 
 
 
 # --- the mapping, by example --------------------------------------------------------------
+
+
+def test_a_view_writes_each_edit_into_its_own_message_and_nothing_else() -> None:
+    """A native message goes out as received while every canonical message of it is shown
+    unchanged, and is rebuilt with the edit otherwise: a turn with one result, or several."""
+    history = [
+        {"role": "user", "content": "Read them"},
+        {"role": "assistant", "content": [use("a"), use("b")]},
+        {"role": "user", "content": [result("a", "A" * 50), result("b", "B" * 50)]},
+        {"role": "assistant", "content": [use("c")]},
+        {"role": "user", "content": [result("c", "C" * 50)]},
+        {"role": "assistant", "content": "Done."},
+    ]
+    parsed = parse(history)
+    tools = [i for i, m in enumerate(parsed.messages) if m["role"] == "tool"]
+    assert len(tools) == 3
+    for cleared in tools:
+        entries = [
+            (i, {**m, "content": PLACEHOLDER} if i == cleared else m)
+            for i, m in enumerate(parsed.messages)
+        ]
+        sent = rendered(parsed, entries)["messages"]
+        native = parsed.spans[cleared].start
+        assert [m for j, m in enumerate(sent) if j != native] == [
+            m for j, m in enumerate(history) if j != native
+        ]
+        called = parsed.messages[cleared]["tool_call_id"]
+        for block in sent[native]["content"]:
+            original = next(
+                b for b in history[native]["content"] if b["tool_use_id"] == block["tool_use_id"]
+            )
+            assert (block == original) == (block["tool_use_id"] != called)
 
 
 def test_a_user_turn_with_tool_results_is_tool_messages_then_its_other_blocks() -> None:
@@ -362,6 +396,15 @@ def test_a_proxy_breakpoint_before_a_one_hour_one_lasts_an_hour() -> None:
     assert marks(added({}, messages, [0])) == [(0, "5m"), (3, "5m")]
 
 
+def test_an_hours_breakpoint_is_found_however_its_ttl_is_written() -> None:
+    """What the client wrote is read as the API reads it: an escaped TTL is an hour too."""
+    messages = conversation(4)
+    messages[3] = {"role": "user", "content": [text("m3", cache_control=HOUR)]}
+    raw = orjson.dumps({"model": "m", "messages": messages}).replace(b'"1h"', b'"\\u0031h"')
+    assert orjson.loads(raw)["messages"] == messages
+    assert marks(with_breakpoints({}, raw, messages, [0])) == [(0, "1h"), (3, "1h")]
+
+
 def test_thinking_blocks_take_no_breakpoint() -> None:
     messages = [{"role": "assistant", "content": [thought("t"), use("a"), thought("u")]}]
     assert added({}, messages, [0])[0]["content"][1]["cache_control"] == MARK
@@ -530,22 +573,42 @@ def test_the_split_reads_what_the_whole_body_path_reads(
     history: tuple[list[dict[str, Any]], bool], data: st.DataObject
 ) -> None:
     """Turn after turn of one history, as a client writes them (any spacing, keys written
-    twice): the messages known by their bytes, the new ones read, give what reading the
-    whole body gives: the body, the canonical messages, where each comes from."""
+    twice), most often its last body with messages added: the messages known by their bytes
+    and the canonical messages of the body known assembled, the new ones read, give what
+    reading the whole body gives: the body, the canonical messages, where each comes from;
+    each key is of its message's bytes and its place among that message's canonical ones;
+    and no turn changes what an earlier one was given."""
     messages, _ = history
     dialect = Messages(split_from=0)
-    cuts = data.draw(st.lists(st.integers(1, len(messages)), min_size=1, max_size=4))
-    for cut in sorted(cuts):
-        body = {"model": "claude-x", "max_tokens": 64, "messages": messages[:cut]}
-        raw = data.draw(written(body)).encode()
-        whole = dialect.parse_whole(raw)
-        assert dialect.known.split(raw, "messages") is not None
-        parsed = dialect.parse(raw)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(messages)), min_size=1, max_size=5)))
+    space = data.draw(st.sampled_from(["", " ", "\n  "]))
+    texts = [data.draw(written(message)) for message in messages]
+    given: list[tuple[Parsed, Any]] = []
+    for cut in cuts:
+        if data.draw(st.integers(0, 3)):
+            listed = f",{space}".join(texts[:cut])
+            raw = f'{{"model": "claude-x",{space}"max_tokens": 64, "messages": [{listed}]}}'
+        else:
+            body = {"model": "claude-x", "max_tokens": 64, "messages": messages[:cut]}
+            raw = data.draw(written(body))
+        whole = dialect.parse_whole(raw.encode())
+        known = dialect.known.bodies.find(raw.encode())
+        kept = copy.deepcopy(None if known is None else known.folded)
+        parsed = dialect.parse(raw.encode())
+        if known is not None:
+            assert known.folded == kept  # what it went on from is as it was
         assert parsed.body == whole.body == orjson.loads(raw)
         assert parsed.items == whole.items
         assert parsed.messages == whole.messages
         assert list(parsed.spans or ()) == list(whole.spans or ())
-        assert parsed.keys is not None and len(parsed.keys) == len(parsed.messages)
+        sent = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])["messages"]
+        native = [hash(bytes(m)) for m in msgspec.json.decode(sent, type=list[msgspec.Raw])]
+        starts = [span.start for span in whole.spans or ()]
+        places = [starts[:i].count(start) for i, start in enumerate(starts)]
+        assert parsed.keys == [hash((native[j], n)) for j, n in zip(starts, places, strict=True)]
+        given.append((parsed, copy.deepcopy((parsed.messages, parsed.spans, parsed.keys))))
+    for parsed, then in given:
+        assert (parsed.messages, parsed.spans, parsed.keys) == then
 
 
 def test_a_bad_block_in_a_new_message_is_the_whole_body_paths_400() -> None:

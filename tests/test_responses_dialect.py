@@ -723,6 +723,14 @@ def test_a_bad_item_after_known_ones_is_the_whole_body_paths_400() -> None:
     with pytest.raises(InvalidRequest) as caught:
         dialect.parse(orjson.dumps({"model": "m", "instructions": 1, "input": bad}))
     assert caught.value.param == "instructions"
+    for role in (["user"], {"a": 1}, 5):
+        with pytest.raises(InvalidRequest) as caught:
+            dialect.parse(orjson.dumps({"model": "m", "input": [*good, {"role": role}]}))
+        assert caught.value.param == "input[2].role"
+    for wrong in (5, {"a": 1}):  # the instructions are named first, as ever
+        with pytest.raises(InvalidRequest) as caught:
+            dialect.parse(orjson.dumps({"model": "m", "instructions": 5, "input": wrong}))
+        assert caught.value.param == "instructions"
 
 
 def test_a_replayed_turn_reads_only_the_new_items() -> None:

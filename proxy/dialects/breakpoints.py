@@ -35,7 +35,9 @@ def with_breakpoints(
         if _ttls(out[index].get("content")) or (automatic and index == len(out) - 1):
             continue
         mark: dict[str, Any] = {"type": "ephemeral"}
-        if b'"1h"' in raw and _hour_after(automatic, out[index + 1 :]):
+        # Read where it may be (system and tools come first), not looked for in the bytes:
+        # a search of them costs more, and misses a TTL written with escapes.
+        if _hour_after(automatic, out[index + 1 :]):
             mark["ttl"] = ONE_HOUR
         marked = _marked(out[index], mark)
         if marked is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -31,7 +31,7 @@ from .blocks import (
 )
 from .breakpoints import with_breakpoints
 from .openai import refuse_too_deep
-from .raw_items import SPLIT_FROM, KnownItems
+from .raw_items import SPLIT_FROM, KnownItems, Split
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -72,9 +72,12 @@ class Messages(Dialect):
     count_path = "/v1/messages/count_tokens"
 
     def __init__(self, *, split_from: int = SPLIT_FROM) -> None:
-        # A message sent before is looked up by its bytes, with its canonical messages
-        # (`raw_items`): a replayed turn reads only what is new.
-        self.known = KnownItems(_is_object, min_bytes=split_from, derive=_canonical)
+        # A message sent before is looked up by its bytes, with its canonical messages, and a
+        # body's canonical messages are kept with it (`raw_items`): a replayed turn reads and
+        # assembles only what is new.
+        self.known = KnownItems(
+            _is_object, min_bytes=split_from, derive=_canonical, fold=_assembled
+        )
 
     def parse(self, raw: bytes) -> Parsed:
         try:
@@ -83,7 +86,7 @@ class Messages(Dialect):
             split = None  # the whole-body path names the message and block
         if split is None:
             return self.parse_whole(raw)
-        return self._parsed(raw, split.body, split.keys, split.derived)
+        return self._parsed(raw, split.body, split.folded)
 
     def parse_whole(self, raw: bytes) -> Parsed:
         """The request read whole, every message mapped: the path of a body the split does
@@ -96,19 +99,12 @@ class Messages(Dialect):
             raise InvalidRequest("Invalid request body: expected a JSON object.")
         refuse_too_deep(body)  # what the proxy accepts it must be able to write back out
         try:
-            return self._parsed(raw, body, None, None)
+            return self._parsed(raw, body, None)
         except BadBlock as bad:
             raise InvalidRequest(f"{bad.path}: Input should be {bad.expected}") from None
 
-    def _parsed(
-        self,
-        raw: bytes,
-        body: dict[str, Any],
-        keys: list[int] | None,
-        derived: list[Any] | None,
-    ) -> Parsed:
-        """`body` read; from the split, the keys of its messages' bytes and their canonical
-        messages (`derived`): the canonical messages' keys are made from those keys."""
+    def _parsed(self, raw: bytes, body: dict[str, Any], assembled: _Assembled | None) -> Parsed:
+        """`body` read, with its canonical messages when the split assembled them."""
         model = body.get("model")
         messages = body.get("messages")
         max_tokens = body.get("max_tokens")
@@ -120,25 +116,19 @@ class Messages(Dialect):
             isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
         ):
             raise InvalidRequest("max_tokens: Input should be a valid integer")
-        if derived is None:
+        if assembled is None:
             each = [canonical(message, index) for index, message in enumerate(messages)]
-        else:
-            each = derived
-        canonicals: list[Message] = []
-        spans: list[slice] = []
-        for index, found in enumerate(each):
-            canonicals += found
-            spans += [slice(index, index + 1)] * len(found)
+            assembled = _assemble(each, None, None)
         return Parsed(
             raw=raw,
             body=body,
             model=model,
-            messages=canonicals,
+            messages=assembled.messages,
             items=messages,
-            spans=spans,
+            spans=assembled.spans,
             stream=body.get("stream") is True,
             max_output=max_tokens,
-            keys=None if keys is None else _canonical_keys(keys, each),
+            keys=assembled.keys,
         )
 
     def error_body(self, error: APIError) -> bytes:
@@ -186,54 +176,64 @@ class Messages(Dialect):
         return [] if message is None else [message]
 
     def groups(self, parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]]]:
-        """The view as native items, one group per native span: (the index of the group's
-        last request message, None for the header message; the group's items).
+        """The view as native messages, one group per native message: (the index of one of
+        its canonical messages shown, None for the header message; the group's items).
 
-        Several canonical messages may stand for the same native items (an Anthropic user
-        turn holds tool results and text): that span goes out once, as received when all its
-        messages are shown unchanged, else rebuilt by `shared_items` with every edit.
+        Several canonical messages may stand for the same native message (a user turn holds
+        tool results and text): it goes out once, as received when all its canonical messages
+        are shown unchanged, else rebuilt by `shared_items` with every edit.
         """
         spans = cast(Sequence[slice], parsed.spans)
-        members: dict[int, list[int]] = {}
-        for position, span in enumerate(spans):
-            members.setdefault(span.start, []).append(position)
+        messages, natives = parsed.messages, parsed.items
+        # How many canonical messages each native message has, and the first one's place.
+        sizes, firsts = [0] * len(natives), [0] * len(natives)
+        for position in reversed(range(len(spans))):
+            native = spans[position].start
+            sizes[native] += 1
+            firsts[native] = position
         groups: list[tuple[int | None, list[Any]]] = []
-        run: dict[int, Message] = {}
+        run: list[tuple[int, Message]] = []  # the canonical messages shown of a shared one
 
         def flush() -> None:
-            if not run:
-                return
-            first = next(iter(run))
-            native = parsed.native(first)
-            indices = members[spans[first].start]
-            if len(run) == len(indices) and all(run[i] is parsed.messages[i] for i in indices):
-                items = list(native)
-            elif len(indices) == 1:
-                items = self.edited_items(native, parsed.messages[first], run[first])
+            index, _ = run[-1]
+            native = spans[index].start
+            if len(run) == sizes[native] and all(m is messages[i] for i, m in run):
+                items = [natives[native]]
             else:
-                shown = [(parsed.messages[i], run.get(i)) for i in indices]
-                items = self.shared_items(native, shown)
-            groups.append((max(run), items))
+                shown_as, first = dict(run), firsts[native]
+                members = range(first, first + sizes[native])
+                shown = [(messages[i], shown_as.get(i)) for i in members]
+                items = self.shared_items([natives[native]], shown)
+            groups.append((index, items))
             run.clear()
 
         for index, message in entries:
+            if index is not None and run and spans[run[0][0]].start != spans[index].start:
+                flush()
             if index is None:
-                flush()
+                if run:
+                    flush()
                 groups.append((None, self.summary_items(message)))
-                continue
-            if run and spans[next(iter(run))].start != spans[index].start:
-                flush()
-            run[index] = message
-        flush()
+            elif sizes[native := spans[index].start] == 1:  # most messages: one of their own
+                original = messages[index]
+                if message is original:
+                    groups.append((index, [natives[native]]))
+                else:
+                    groups.append((index, self.edited_items([natives[native]], original, message)))
+            else:
+                run.append((index, message))
+        if run:
+            flush()
         return groups
 
     def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
         # Each item with the native message it comes from (None: the header).
         sources: Sequence[int | None]
-        if len(entries) == len(parsed.messages) and all(
-            message is original
-            for (_, message), original in zip(entries, parsed.messages, strict=True)
-        ):
+        last_edit = -1  # the native message of the view's last edited message
+        whole = len(entries) == len(parsed.messages) and all(
+            map(operator.is_, map(operator.itemgetter(1), entries), parsed.messages)
+        )
+        if whole:
             items, sources = list(parsed.items), range(len(parsed.items))  # the whole request
         else:
             spans = cast(Sequence[slice], parsed.spans)
@@ -244,10 +244,13 @@ class Messages(Dialect):
             ]
             pairs = _systems_after_header(pairs)
             items, sources = [item for item, _ in pairs], [source for _, source in pairs]
+            edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
+            last_edit = spans[edited[-1]].start if edited else -1
         if breakpoints and any(m.get("role") == "assistant" for m in parsed.items):
             # Only a conversation being continued is worth a cache write: its next request
             # reads it back.
-            items = self._marked(parsed, entries, items, sources)
+            rewritten = not whole and (last_edit >= 0 or None in sources)
+            items = self._marked(parsed, items, sources, last_edit if rewritten else None)
         if len(items) == len(parsed.items) and all(map(operator.is_, items, parsed.items)):
             return parsed.raw  # nothing changed, nothing added: the client's own bytes
         return self.body_with(parsed, items)
@@ -255,29 +258,32 @@ class Messages(Dialect):
     def _marked(
         self,
         parsed: Parsed,
-        entries: Entries,
         items: list[Any],
         sources: Sequence[int | None],
+        last_edit: int | None,
     ) -> list[Any]:
         """`items` with the proxy's breakpoints, in order of priority:
 
-        1. the end of what the session's plan rewrote (its last edited message, else the
-           summary): the next compaction only changes what comes after it, so the prefix up
-           to it is read from the cache again when the next compaction forwards a new view;
+        1. the end of what the session's plan rewrote (`last_edit`, the native message of its
+           last edited message, else the summary; None: it rewrote nothing): the next
+           compaction only changes what comes after it, so the prefix up to it is read from
+           the cache again when the next compaction forwards a new view;
         2. the last message the next request repeats byte for byte: everything but the
            current tool loop's assistant turn, whose thinking the next request no longer
            carries (the client's own breakpoint on the last message misses because of it).
+
+        Both are found from the end: they are near it.
         """
-        spans = cast(Sequence[slice], parsed.spans)
-        edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
-        last_edit = spans[edited[-1]].start if edited else -1
         repeated = thinking_turn(parsed.items)[0]
+        backwards = range(len(sources) - 1, -1, -1)
         rewritten = stable = None
-        for position, source in enumerate(sources):
-            if source is None or source <= last_edit:
-                rewritten = position
-            if source is not None and source < repeated:
-                stable = position
+        if last_edit is not None:
+            rewritten = next(
+                (p for p in backwards if (at := sources[p]) is None or at <= last_edit), None
+            )
+        stable = next(
+            (p for p in backwards if (at := sources[p]) is not None and at < repeated), None
+        )
         marks = [position for position in (rewritten, stable) if position is not None]
         return with_breakpoints(parsed.body, parsed.raw, items, marks)
 
@@ -422,9 +428,35 @@ def _canonical(message: Any) -> list[Message]:
     return canonical(message, 0)
 
 
-def _canonical_keys(keys: Sequence[int], each: Sequence[list[Message]]) -> list[int]:
-    """A content key of each canonical message: of its native message's bytes and its place
+class _Assembled(NamedTuple):
+    """The canonical messages of a request's first `read` messages, where each comes from,
+    and (from the split) a content key of each: of its native message's bytes and its place
     among that message's canonical ones."""
-    return [
-        hash((key, n)) for key, found in zip(keys, each, strict=True) for n in range(len(found))
-    ]
+
+    messages: list[Message]
+    spans: list[slice]
+    keys: list[int] | None
+    read: int
+
+
+def _assemble(
+    each: Sequence[list[Message]], keys: Sequence[int] | None, after: _Assembled | None
+) -> _Assembled:
+    """`after`'s canonical messages, then those of the messages after them (`each` of every
+    message; `keys`, the keys of their bytes, when the body was split)."""
+    start = 0 if after is None else after.read
+    messages = [] if after is None else list(after.messages)
+    spans = [] if after is None else list(after.spans)
+    made = [] if after is None or after.keys is None else list(after.keys)
+    for index in range(start, len(each)):
+        found = each[index]
+        messages += found
+        spans += [slice(index, index + 1)] * len(found)
+        if keys is not None:
+            made += [hash((keys[index], n)) for n in range(len(found))]
+    return _Assembled(messages, spans, None if keys is None else made, len(each))
+
+
+def _assembled(split: Split, after: _Assembled | None) -> _Assembled:
+    """The canonical messages of a split body (its messages' were derived one by one)."""
+    return _assemble(cast(list[list[Message]], split.derived), split.keys, after)

@@ -72,8 +72,8 @@ class KnownItems:
     `derive` makes of them (if given), in a memo of the same bounds, 0.13 to 0.7 of that
     (Anthropic's canonical messages); and `KnownBodies`' bound.
 
-    `derive` makes something of each item alone; `fold`, of the conversation's items in turn
-    (the Responses API's canonical messages, several items to one), given what it made of the
+    `derive` makes something of each item alone; `fold`, of the split's items in turn (the
+    canonical messages of a whole conversation, with their keys), given what it made of the
     known body's items, which the conversation begins with (None: it starts over): it must
     not change that, which the known body keeps. An error either raises (but a ValueError)
     reaches the caller of `split`.
@@ -87,7 +87,7 @@ class KnownItems:
         max_bytes: int = 8 << 20,
         min_bytes: int = SPLIT_FROM,
         derive: Callable[[Any], Any] | None = None,
-        fold: Callable[[list[Any], Any], Any] | None = None,
+        fold: Callable[[Split, Any], Any] | None = None,
     ) -> None:
         self.accepts = accepts  # whether the dialect's checks pass an item
         self.min_bytes = min_bytes  # a shorter body is left to the whole-body path
@@ -137,7 +137,8 @@ class KnownItems:
             end = start + len(listed[:-1].rstrip(_WHITESPACE))
             prefix, offsets = raw[:end], _offsets(listed, spans, start)
             split = split._replace(raw=ItemBytes(prefix, offsets, []))  # runs cut in one piece
-            self.bodies.add(_known(prefix, _values(before), offsets, split))
+            known = _known(prefix, _values(before), offsets, split, prefix.count(b'"'))
+            self.bodies.add(known)
         return split
 
     def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
@@ -164,7 +165,9 @@ class KnownItems:
             start = len(raw) - len(rest)  # of listed[1:]
             end = start + len(listed[:-1].rstrip(_WHITESPACE)) - 1
             offsets = known.offsets + _offsets(listed, spans, start - 1)
-            self.bodies.replace(known, _known(raw[:end], known.before, offsets, split))
+            quotes = known.quotes + sum(span.count(b'"') for span in spans)
+            later = _known(raw[:end], known.before, offsets, split, quotes)
+            self.bodies.replace(known, later)
         return split
 
     def _split(
@@ -191,10 +194,10 @@ class KnownItems:
             if derived is not None:
                 derived = known.derived + derived
             raw = ItemBytes(known.prefix, known.offsets, spans)
-        folded = None
-        if self.fold is not None:
-            folded = self.fold(items, None if known is None else known.folded)
-        return Split({**before, field: items, **after}, items, raw, keys, derived, folded)
+        split = Split({**before, field: items, **after}, items, raw, keys, derived)
+        if self.fold is None:
+            return split
+        return split._replace(folded=self.fold(split, None if known is None else known.folded))
 
     def _read(self, span: bytes) -> Any:
         """A new item, read as the whole-body path reads it: parsed, no deeper than the body
@@ -261,29 +264,38 @@ class _Known(NamedTuple):
     items: list[Any]
     derived: list[Any]  # empty without `KnownItems.derive`
     folded: Any  # None without `KnownItems.fold`
+    quotes: int  # in `prefix`: what its items take decoded grows with them (`_known`)
     size: int
 
 
-# What a body kept takes beside its bytes, an upper bound (tracemalloc measures 0.7 to 0.9 of
-# it for short, long and tool-call messages; tests/test_raw_items.py holds the bound to it):
-# its own objects, and for each item its offsets, key, place in the list and decoded form (the
-# memo may hold that too): 400 B an item and 2 B a byte of its JSON.
+# What a body kept takes beside its bytes (tracemalloc measures 0.7 to 1.15 of it for items
+# of short and long text, tool calls and many small parts; tests/test_raw_items.py holds it
+# to that): its own objects; for each item its offsets, key and place in the list; the items
+# decoded (the memo may hold them too), about a byte for each byte of their JSON and 56 for
+# each string or object (two quotes); and what the dialect made of them, about 44 B more for
+# each and 150 B an item.
 _PER_BODY = 1_000
-_PER_ITEM = 400
-_PER_MADE_ITEM = 600
-_DECODED_PER_BYTE = 2
+_PER_ITEM = 150
+_PER_QUOTE = 28
+_MADE_PER_QUOTE = 22
+_MADE_PER_ITEM = 150
 
 
-def _known(prefix: bytes, before: dict[str, Any], offsets: array[int], split: Split) -> _Known:
-    # What is derived or folded from the items is counted as much again as their decoded
-    # form (an upper bound: 0.13 to 0.7 of it).
+def _known(
+    prefix: bytes,
+    before: dict[str, Any],
+    offsets: array[int],
+    split: Split,
+    quotes: int,
+) -> _Known:
+    """The body read as `split`, its bytes `prefix` holding `quotes` quotes."""
     derived = [] if split.derived is None else split.derived
     made = split.derived is not None or split.folded is not None
-    decoded = _DECODED_PER_BYTE
-    per_item = _PER_ITEM + (_PER_MADE_ITEM if made else 0)
-    size = _PER_BODY + (1 + decoded) * len(prefix) + per_item * len(split.items)
+    per_item = _PER_ITEM + (_MADE_PER_ITEM if made else 0)
+    per_quote = _PER_QUOTE + (_MADE_PER_QUOTE if made else 0)
+    size = _PER_BODY + 2 * len(prefix) + per_quote * quotes + per_item * len(split.items)
     keys = array("q", split.keys)
-    return _Known(prefix, before, offsets, keys, split.items, derived, split.folded, size)
+    return _Known(prefix, before, offsets, keys, split.items, derived, split.folded, quotes, size)
 
 
 def _offsets(listed: bytes, spans: list[bytes], at: int) -> array[int]:

@@ -27,7 +27,7 @@ from .openai import (
     load_object,
     optional_int,
 )
-from .raw_items import SPLIT_FROM, ItemBytes, KnownItems
+from .raw_items import SPLIT_FROM, ItemBytes, KnownItems, Split
 from .responses_items import Mapped, edited_items, map_items
 
 SESSION_HEADER = "session_id"  # where Codex CLI names its session
@@ -50,7 +50,7 @@ class Responses(OpenAIDialect):
     def __init__(self, *, split_from: int = SPLIT_FROM) -> None:
         # Items sent before are looked up by their bytes, and the canonical messages of a
         # body's items kept with it (`raw_items`): a replayed turn maps only its new items.
-        self.known = KnownItems(_is_object, min_bytes=split_from, fold=map_items)
+        self.known = KnownItems(_is_object, min_bytes=split_from, fold=_mapped)
 
     def parse(self, raw: bytes) -> Parsed:
         try:
@@ -59,12 +59,14 @@ class Responses(OpenAIDialect):
             split = None  # the whole-body path names the item, after any other fault
         if split is None:
             return self.parse_whole(raw)
+        _check_instructions(split.body)
         return _parsed(raw, split.body, split.items, split.raw, split.folded)
 
     def parse_whole(self, raw: bytes) -> Parsed:
         """The request read whole, every item mapped: the path of a body the split does not
         read, which says what is wrong with it."""
         body = load_object(raw)
+        _check_instructions(body)
         given = body.get("input")
         if isinstance(given, str):
             items: list[Any] = [{"role": "user", "content": given}]
@@ -190,9 +192,6 @@ def _parsed(
 ) -> Parsed:
     """The request: `items` its input items, `sent` the client's bytes of each when the body
     was split, `mapped` their canonical messages when the split mapped them."""
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise invalid_type("instructions", "a string", instructions)
     if mapped is None:
         mapped = map_items(items)
     held = next((k for k in HELD_UPSTREAM if body.get(k)), None)
@@ -211,8 +210,18 @@ def _parsed(
     )
 
 
+def _check_instructions(body: dict[str, Any]) -> None:
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid_type("instructions", "a string", instructions)
+
+
 def _is_object(item: Any) -> bool:
     return item.__class__ is dict
+
+
+def _mapped(split: Split, after: Mapped | None) -> Mapped:
+    return map_items(split.items, after)
 
 
 def _events(data: bytes) -> Iterator[dict[str, Any]]:

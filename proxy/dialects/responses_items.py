@@ -202,6 +202,7 @@ class _Builder:
 
     def _message(self, index: int, item: dict[str, Any]) -> None:
         role = item.get("role")
+        check_string(role, ".role")
         content = canonical_content(item.get("content"), ".content")
         if role == "assistant":
             self._model_output(
