@@ -137,7 +137,7 @@ class KnownItems:
             end = start + len(listed[:-1].rstrip(_WHITESPACE))
             prefix, offsets = raw[:end], _offsets(listed, spans, start)
             split = split._replace(raw=ItemBytes(prefix, offsets, []))  # runs cut in one piece
-            known = _known(prefix, _values(before), offsets, split, prefix.count(b'"'))
+            known = _known(prefix, _values(before), offsets, split, _strings(prefix))
             self.bodies.add(known)
         return split
 
@@ -165,7 +165,7 @@ class KnownItems:
             start = len(raw) - len(rest)  # of listed[1:]
             end = start + len(listed[:-1].rstrip(_WHITESPACE)) - 1
             offsets = known.offsets + _offsets(listed, spans, start - 1)
-            quotes = known.quotes + sum(span.count(b'"') for span in spans)
+            quotes = known.quotes + sum(map(_strings, spans))
             later = _known(raw[:end], known.before, offsets, split, quotes)
             self.bodies.replace(known, later)
         return split
@@ -269,11 +269,12 @@ class _Known(NamedTuple):
 
 
 # What a body kept takes beside its bytes (tracemalloc measures 0.7 to 1.15 of it for items
-# of short and long text, tool calls and many small parts; tests/test_raw_items.py holds it
-# to that): its own objects; for each item its offsets, key and place in the list; the items
-# decoded (the memo may hold them too), about a byte for each byte of their JSON and 56 for
-# each string or object (two quotes); and what the dialect made of them, about 44 B more for
-# each and 150 B an item.
+# of short and long text, text that is JSON, tool calls and many small parts;
+# tests/test_raw_items.py holds it to that): its own objects; for each item its offsets, key
+# and place in the list; the items decoded (the memo may hold them too), about a byte for
+# each byte of their JSON and 56 for each string or object (two quotes, not escaped); and
+# what the dialect made of them, about 44 B more for each and 150 B an item. JSON of numbers
+# or of lists nested deep has no quotes to count, and takes up to 3 times as much.
 _PER_BODY = 1_000
 _PER_ITEM = 150
 _PER_QUOTE = 28
@@ -296,6 +297,12 @@ def _known(
     size = _PER_BODY + 2 * len(prefix) + per_quote * quotes + per_item * len(split.items)
     keys = array("q", split.keys)
     return _Known(prefix, before, offsets, keys, split.items, derived, split.folded, quotes, size)
+
+
+def _strings(data: bytes) -> int:
+    """The quotes that open or close a string or an object's key in some JSON (an escaped one
+    is a byte of a string; a string ending in a backslash is one string short)."""
+    return data.count(b'"') - data.count(b'\\"')
 
 
 def _offsets(listed: bytes, spans: list[bytes], at: int) -> array[int]:
