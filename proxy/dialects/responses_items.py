@@ -25,12 +25,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-import orjson
-
 from policies import Message, media_tokens
 from policies.conversation import SYSTEM_ROLES
 from policies.message import call_arguments, tool_calls
 
+from ..memo import content_keys
 from .openai import BadField, all_typed_objects, check_string, invalid_type
 
 OPAQUE_ITEM_TOKENS = 64  # an encrypted reasoning or compaction item, an item reference
@@ -164,11 +163,13 @@ class _Builder:
         if self.lead:
             self._new(0, {"role": "system", "content": []}, block=None)
         self.keys += [0] * (len(self.messages) - len(self.keys))
-        for at in self.owned:
+        owned = list(self.owned)
+        for at in owned:
             message = self.messages[at]
             if message["role"] == "assistant" and not message["content"]:
                 message["content"] = None
-            self.keys[at] = hash(orjson.dumps(message))
+        for at, key in zip(owned, content_keys([self.messages[at] for at in owned]), strict=True):
+            self.keys[at] = key
         if self.starts:  # no item, no message
             first = len(self.spans)
             stops = [*self.starts[first + 1 :], count]
