@@ -17,8 +17,8 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 import policies
@@ -26,9 +26,9 @@ import policies
 from .admin import MAX_INSTRUCTIONS
 from .config import Hook
 from .config import Hooks as HooksSettings
-from .errors import HookFailed
+from .errors import HookFailed, StreamBroken
+from .http1 import HTTPError, Pool, Progress
 from .metrics import Metrics
-from .pool import pooled_session
 from .summarizer import GuardedSummarizer
 from .turn import Turn
 
@@ -41,7 +41,7 @@ class Hooks:
     def __init__(self, settings: HooksSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, tuple[Pool, str]] = {}  # by URL: its pool, and the target
         self._in_flight = {"pre_compact": 0, "post_compact": 0}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -49,8 +49,8 @@ class Hooks:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        for pool, _ in self._pools.values():
+            pool.close()
 
     def summarizer(self, turn: Turn, llm: GuardedSummarizer, *, ahead: bool) -> policies.Summarizer:
         """`llm`, asking `pre_compact` first for instructions of its own (`ahead`: a summary
@@ -139,7 +139,7 @@ class Hooks:
         except HookFailed as exc:
             self._failed(name, "error", str(exc))
             return None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (HTTPError, StreamBroken, OSError, ValueError) as exc:
             self._failed(name, "error", type(exc).__name__)  # its text may name the host
             return None
         finally:
@@ -148,17 +148,25 @@ class Hooks:
         return answer
 
     async def _post(self, hook: Hook, payload: dict[str, Any]) -> Any:
-        if self._session is None:
-            hooks = (self.settings.pre_compact, self.settings.post_compact)
-            self._session = pooled_session(sum(h.max_in_flight for h in hooks if h is not None))
-        headers = {**hook.headers, "Content-Type": "application/json"}
-        async with self._session.post(
-            hook.url, data=orjson.dumps(payload), headers=headers, allow_redirects=False
-        ) as response:
-            body = await response.read()
+        pool, target = self._pool(hook)
+        headers = [*hook.headers.items(), ("Content-Type", "application/json")]
+        response = await pool.request("POST", target, headers, orjson.dumps(payload), Progress())
+        body = await response.read(hook.timeout_seconds)
+        response.release()
         if not 200 <= response.status < 300:
             raise HookFailed(f"status {response.status}")
         return orjson.loads(body) if body.strip() else None
+
+    def _pool(self, hook: Hook) -> tuple[Pool, str]:
+        """The hook's pool of connections (as many as calls it may have under way), and the
+        target of its URL."""
+        found = self._pools.get(hook.url)
+        if found is None:
+            parts = urlsplit(hook.url)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            pool = Pool(f"{parts.scheme}://{parts.netloc}", hook.max_in_flight)
+            found = self._pools[hook.url] = (pool, target)
+        return found
 
     def _failed(self, name: str, outcome: str, reason: str) -> None:
         self.metrics.hook_calls.labels(name, outcome).inc()

@@ -1,8 +1,8 @@
-"""The HTTP client towards the configured upstreams.
+"""The client towards the configured upstreams: HTTP (proxy.http1) and the transports of
+other kinds (litellm), with the timeouts and retries of proxy.retries.
 
-aiohttp rather than httpx: measured on this kind of machine it adds a third of httpx's latency
-to a relayed request (bench/README.md). Bodies are relayed as bytes: no decompression, no
-redirects, and the URL is always the configured upstream's, whatever the client sent.
+Bodies are relayed as bytes: no decompression, no redirects, and the URL is always the
+configured upstream's, whatever the client sent.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
-import aiohttp
-from yarl import URL
-
 from .config import Upstream
-from .errors import StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from .errors import UpstreamTimeout, UpstreamUnreachable
+from .http1 import ConnectFailed, ConnectTimeout, Disconnected, HTTPError, Pool, Progress
 from .metrics import Metrics
-from .pool import Progress, attempting, pooled_session
 from .retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
 
 log = logging.getLogger("compaction_proxy")
@@ -96,40 +93,6 @@ class UpstreamResponse(Protocol):
         """Done early: drop the connection."""
 
 
-class HTTPResponse:
-    """An answer over HTTP, relayed as bytes."""
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-
-    @property
-    def status(self) -> int:
-        return self._response.status
-
-    @property
-    def headers(self) -> list[tuple[str, str]]:
-        return list(self._response.headers.items())
-
-    def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
-        return body_chunks(self._response, idle_timeout)
-
-    async def read(self, idle_timeout: float) -> bytes:
-        content = self._response.content
-        if content.is_eof():  # it all came with the head (a short answer): nothing to wait for
-            return content.read_nowait()
-        try:
-            return b"".join([chunk async for chunk in self.chunks(idle_timeout)])
-        except BaseException:
-            self._response.close()
-            raise
-
-    def release(self) -> None:
-        self._response.release()
-
-    def close(self) -> None:
-        self._response.close()
-
-
 class Transport(Protocol):
     """Carries the requests to upstreams of one kind by other means than HTTP relaying."""
 
@@ -185,26 +148,26 @@ class _Again:
 
 
 class UpstreamClient:
-    """A pooled aiohttp session per HTTP upstream (proxy.pool), and the transports of other
+    """A pool of connections per HTTP upstream (proxy.http1), and the transports of other
     kinds. No credential is kept from one request for the next."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._pools: dict[str, Pool] = {}
         # By upstream kind: litellm (proxy.litellm_transport), registered by the app.
         self.transports: dict[str, Transport] = {}
 
-    def session(self, upstream: Upstream) -> aiohttp.ClientSession:
-        session = self._sessions.get(upstream.name)
-        if session is None:
-            session = pooled_session(upstream.max_connections, upstream.timeouts.connect)
-            self._sessions[upstream.name] = session
-        return session
+    def pool(self, upstream: Upstream) -> Pool:
+        pool = self._pools.get(upstream.name)
+        if pool is None:
+            pool = Pool(upstream.base_url, upstream.max_connections, upstream.timeouts.connect)
+            self._pools[upstream.name] = pool
+        return pool
 
     async def close(self) -> None:
-        sessions, self._sessions = self._sessions, {}
-        for session in sessions.values():
-            await session.close()
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.close()
 
     async def open(
         self,
@@ -222,7 +185,8 @@ class UpstreamClient:
         trying again over HTTP as proxy.retries allows (`retries`: the upstream's own by
         default).
 
-        `path` is relative to the upstream's base URL (the part after `/v1`).
+        `path` is relative to the upstream's base URL (the part after `/v1`), as the client
+        encoded it (not quoted again).
         `reserved_output` is the output the proxy reserved in the window for a request that
         sets no max_tokens: transports whose providers require a cap send it.
         """
@@ -231,7 +195,7 @@ class UpstreamClient:
             return await transport.open(
                 upstream, method, path, query, headers, body, reserved_output=reserved_output
             )
-        url = upstream.base_url.rstrip("/") + path + (f"?{query}" if query else "")
+        target = path + (f"?{query}" if query else "")
         own = credential_header(upstream)
         if own is not None:
             # The upstream's key replaces whatever credential the client sent, in any header.
@@ -241,13 +205,11 @@ class UpstreamClient:
         budget = Retries(
             upstream.retries if retries is None else retries, time.monotonic() + first_byte
         )
-        target = URL(url, encoded=True)  # the path as the client encoded it, not re-quoted
         progress = Progress()
         try:
             async with asyncio.timeout(first_byte):
                 while True:
                     progress = Progress()
-                    attempting(progress)
                     outcome = await self._attempt(
                         upstream, method, target, headers, body, progress, budget
                     )
@@ -266,7 +228,7 @@ class UpstreamClient:
         self,
         upstream: Upstream,
         method: str,
-        url: URL,
+        target: str,
         headers: list[tuple[str, str]],
         body: bytes | None,
         progress: Progress,
@@ -275,47 +237,36 @@ class UpstreamClient:
         """One attempt: its answer, or when to try again; raises the client's error when the
         request failed for good."""
         try:
-            response = await self.session(upstream).request(
-                method,
-                url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-            )
-        except aiohttp.ConnectionTimeoutError:
+            response = await self.pool(upstream).request(method, target, headers, body, progress)
+        except ConnectTimeout:
             wait = budget.wait()
             if wait is None:
                 raise self._timeout(upstream, "connect", upstream.timeouts.connect) from None
             return _Again("connect", wait)
-        except aiohttp.ClientConnectorError as exc:
+        except ConnectFailed as exc:
             # Refused, unresolvable: the request never left.
             wait = budget.wait()
             if wait is None:
                 raise self._unreachable(upstream, exc, budget) from None
             return _Again("connect", wait)
-        except (
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientOSError,
-            aiohttp.ClientConnectionResetError,
-        ) as exc:
+        except Disconnected as exc:
             # On a pooled connection, the upstream had closed it as the request went out.
             # On a new one the upstream may have run the request: never twice.
             wait = budget.wait() if progress.reused else None
             if wait is None:
                 raise self._unreachable(upstream, exc, budget) from None
             return _Again("stale_connection", wait)
-        except (aiohttp.ClientError, OSError) as exc:
+        except (HTTPError, OSError, ValueError) as exc:
             raise self._unreachable(upstream, exc, budget) from None
         if response.status not in RETRY_STATUSES or budget.left <= 0:
-            return HTTPResponse(response)
-        answer = HTTPResponse(response)
-        payload = await answer.read(upstream.timeouts.stream_idle)
-        answer.release()
+            return response
+        payload = await response.read(upstream.timeouts.stream_idle)
+        response.release()
         wait = None
         if not (response.status == 429 and is_quota_error(payload)):
-            wait = budget.wait(retry_after(answer.headers))
+            wait = budget.wait(retry_after(response.headers))
         if wait is None:
-            return BufferedResponse(response.status, answer.headers, payload)
+            return BufferedResponse(response.status, response.headers, payload)
         return _Again(f"status_{response.status}", wait)
 
     def _timeout(self, upstream: Upstream, phase: str, seconds: float) -> UpstreamTimeout:
@@ -338,20 +289,3 @@ class UpstreamClient:
         return UpstreamUnreachable(
             f"upstream {upstream.name!r} is unreachable: {type(exc).__name__}{tries}"
         )
-
-
-async def body_chunks(
-    response: aiohttp.ClientResponse, idle_timeout: float
-) -> AsyncIterator[bytes]:
-    """The response body as it arrives; a stalled or broken stream raises StreamBroken."""
-    try:
-        while True:
-            async with asyncio.timeout(idle_timeout):
-                chunk = await response.content.readany()
-            if not chunk:
-                return
-            yield chunk
-    except TimeoutError:
-        raise StreamBroken(f"no data for {idle_timeout:g} s") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise StreamBroken(type(exc).__name__) from None

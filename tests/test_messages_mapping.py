@@ -606,9 +606,41 @@ def test_the_split_reads_what_the_whole_body_path_reads(
         starts = [span.start for span in whole.spans or ()]
         places = [starts[:i].count(start) for i, start in enumerate(starts)]
         assert parsed.keys == [hash((native[j], n)) for j, n in zip(starts, places, strict=True)]
+        rendered_alike(dialect, parsed, whole, data)
         given.append((parsed, copy.deepcopy((parsed.messages, parsed.spans, parsed.keys))))
     for parsed, then in given:
         assert (parsed.messages, parsed.spans, parsed.keys) == then
+
+
+def rendered_alike(dialect: Messages, parsed: Parsed, whole: Parsed, data: st.DataObject) -> None:
+    """A view of the split body (messages dropped and edited, a summary first or not, the
+    proxy's breakpoints or not) is the body the whole-body path renders, and each message that
+    goes out unchanged is the client's bytes of it."""
+    shown = data.draw(st.lists(st.sampled_from("kde"), min_size=len(parsed.messages)))
+    header = data.draw(st.sampled_from([[], [(None, {"role": "user", "content": "gist"})]]))
+    marks = data.draw(st.booleans())
+
+    def view(read: Parsed) -> list[tuple[int | None, Any]]:
+        kept = zip(enumerate(read.messages), shown, strict=False)
+        return [*header, *((i, {**m} if how == "e" else m) for (i, m), how in kept if how != "d")]
+
+    out = dialect.render(parsed, view(parsed), marks)
+    assert orjson.loads(out) == orjson.loads(dialect.render(whole, view(whole), marks))
+    client = msgspec.json.decode(parsed.raw, type=dict[str, msgspec.Raw])["messages"]
+    theirs = [bytes(m) for m in msgspec.json.decode(client, type=list[msgspec.Raw])]
+    listed = msgspec.json.decode(out, type=dict[str, msgspec.Raw])["messages"]
+    ours = [bytes(m) for m in msgspec.json.decode(listed, type=list[msgspec.Raw])]
+    groups = [index for index, items in dialect.groups(parsed, view(parsed)) if items]
+    assert len(groups) == len(ours)
+    spans = parsed.spans or ()
+    for index, sent in zip(groups, ours, strict=True):
+        if index is None:
+            continue
+        native = spans[index].start
+        members = [i for i, span in enumerate(spans) if span.start == native]
+        untouched = all(shown[i] == "k" for i in members)
+        if untouched and orjson.loads(sent) == parsed.items[native]:  # no breakpoint added
+            assert sent == theirs[native]
 
 
 def test_a_bad_block_in_a_new_message_is_the_whole_body_paths_400() -> None:

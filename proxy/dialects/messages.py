@@ -31,7 +31,7 @@ from .blocks import (
 )
 from .breakpoints import with_breakpoints
 from .openai import refuse_too_deep
-from .raw_items import SPLIT_FROM, KnownItems, Split
+from .raw_items import SPLIT_FROM, ItemBytes, KnownItems, Split
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -86,7 +86,7 @@ class Messages(Dialect):
             split = None  # the whole-body path names the message and block
         if split is None:
             return self.parse_whole(raw)
-        return self._parsed(raw, split.body, split.folded)
+        return self._parsed(raw, split.body, split.folded, split.raw)
 
     def parse_whole(self, raw: bytes) -> Parsed:
         """The request read whole, every message mapped: the path of a body the split does
@@ -99,12 +99,19 @@ class Messages(Dialect):
             raise InvalidRequest("Invalid request body: expected a JSON object.")
         refuse_too_deep(body)  # what the proxy accepts it must be able to write back out
         try:
-            return self._parsed(raw, body, None)
+            return self._parsed(raw, body, None, None)
         except BadBlock as bad:
             raise InvalidRequest(f"{bad.path}: Input should be {bad.expected}") from None
 
-    def _parsed(self, raw: bytes, body: dict[str, Any], assembled: _Assembled | None) -> Parsed:
-        """`body` read, with its canonical messages when the split assembled them."""
+    def _parsed(
+        self,
+        raw: bytes,
+        body: dict[str, Any],
+        assembled: _Assembled | None,
+        sent: ItemBytes | None,
+    ) -> Parsed:
+        """`body` read, with its canonical messages and the client's bytes of each message
+        (`sent`) when the split assembled them."""
         model = body.get("model")
         messages = body.get("messages")
         max_tokens = body.get("max_tokens")
@@ -129,6 +136,7 @@ class Messages(Dialect):
             stream=body.get("stream") is True,
             max_output=max_tokens,
             keys=assembled.keys,
+            raw_items=sent,
         )
 
     def error_body(self, error: APIError) -> bytes:
@@ -253,7 +261,7 @@ class Messages(Dialect):
             items = self._marked(parsed, items, sources, last_edit if rewritten else None)
         if len(items) == len(parsed.items) and all(map(operator.is_, items, parsed.items)):
             return parsed.raw  # nothing changed, nothing added: the client's own bytes
-        return self.body_with(parsed, items)
+        return self.body_with(parsed, _as_sent(parsed, items, sources))
 
     def _marked(
         self,
@@ -371,6 +379,29 @@ def user_id_session(user_id: str) -> str | None:
         return session if isinstance(session, str) and session else None
     found = _USER_ID_SESSION.search(user_id)
     return found.group(1) if found else None
+
+
+def _as_sent(parsed: Parsed, items: list[Any], sources: Sequence[int | None]) -> list[Any]:
+    """`items`, each run of native messages that goes out unchanged as the client's bytes of
+    it (`ItemBytes.run`) when the body kept them: a view with a breakpoint or two added is
+    written in a few pieces, not message by message."""
+    sent, natives = parsed.raw_items, parsed.items
+    if sent is None:
+        return items
+    out: list[Any] = []
+    start = stop = 0  # the run of unchanged native messages not written yet
+    for item, source in zip(items, sources, strict=True):
+        if source is not None and item is natives[source]:
+            if source != stop:
+                out += sent.run(start, stop)
+                start = source
+            stop = source + 1
+        else:
+            out += sent.run(start, stop)
+            start = stop = 0
+            out.append(item)
+    out += sent.run(start, stop)
+    return out
 
 
 def _systems_after_header(pairs: list[tuple[Any, int | None]]) -> list[tuple[Any, int | None]]:

@@ -1,0 +1,352 @@
+"""proxy.http1, the client towards the upstreams, against servers on loopback that answer with
+exactly the bytes each case needs: keep-alive, chunks, bodies that end at the connection's
+end or break off, informational answers, HEAD, the pool's bound, flow control, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from proxy.errors import StreamBroken
+from proxy.http1 import (
+    _HIGH_WATER,
+    BadAnswer,
+    ConnectFailed,
+    Disconnected,
+    Pool,
+    Progress,
+    Response,
+)
+
+TLS = Path(__file__).parent / "data" / "tls"  # a self-signed certificate for localhost
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Server:
+    """A loopback server running `handler` on each connection, counting connections."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.heads: list[bytes] = []
+        self.port = 0
+        self.open: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open[asyncio.current_task()] = writer  # type: ignore[index]
+        try:
+            await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            self.open.pop(asyncio.current_task())  # type: ignore[arg-type]
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        """One request's head and body (by its Content-Length)."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.heads.append(head)
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        return head + await reader.readexactly(length)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handler: Callable[[Server, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    tls: ssl.SSLContext | None = None,
+) -> AsyncIterator[Server]:
+    server = Server(lambda r, w: handler(server, r, w))
+    listening = await asyncio.start_server(server._serve, "127.0.0.1", 0, ssl=tls)
+    server.port = listening.sockets[0].getsockname()[1]
+    async with listening:
+        try:
+            yield server
+        finally:  # the connections still open end, and their handlers with them
+            for writer in server.open.values():
+                writer.transport.abort()
+            await asyncio.gather(*server.open, return_exceptions=True)
+
+
+async def keep_answering(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    while True:
+        await server.read_request(r)
+        w.write(OK)
+        await w.drain()
+
+
+async def get(pool: Pool, progress: Progress | None = None) -> Response:
+    return await pool.request("POST", "/chat", [("X-A", "1")], b"{}", progress or Progress())
+
+
+async def test_a_connection_serves_one_request_after_another() -> None:
+    async with serving(keep_answering) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}/v1", 4)
+        for turn in range(3):
+            progress = Progress()
+            response = await get(pool, progress)
+            assert (response.status, await response.read(1)) == (200, b"ok")
+            assert response.headers == [("Content-Length", "2")]
+            response.release()
+            assert progress.reused is (turn > 0)
+        assert server.connections == 1
+        head = server.heads[0]
+        assert head.startswith(b"POST /v1/chat HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert b"\r\nX-A: 1\r\nContent-Length: 2\r\n\r\n" in head
+        pool.close()
+
+
+async def test_a_chunked_body_comes_chunk_by_chunk() -> None:
+    events = [b"data: %d\n\n" % i for i in range(5)]
+
+    async def stream(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for event in events:
+            w.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await w.drain()
+            await asyncio.sleep(0.01)
+        w.write(b"0\r\n\r\n")
+        await keep_answering(server, r, w)
+
+    async with serving(stream) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        got = [chunk async for chunk in response.chunks(1)]
+        assert got == events  # each as it came, not gathered
+        response.release()
+        again = await get(pool)
+        assert await again.read(1) == b"ok"
+        again.release()
+        assert server.connections == 1  # the stream's connection served the next request
+        pool.close()
+
+
+async def test_a_body_without_a_length_ends_with_the_connection() -> None:
+    async def legacy(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.0 200 OK\r\n\r\nall of it")
+        await w.drain()
+
+    async with serving(legacy) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        assert await response.read(1) == b"all of it"
+        response.release()
+        again = await get(pool)
+        await again.read(1)
+        again.release()
+        assert server.connections == 2  # never reused
+        assert pool._open == 0
+
+
+@pytest.mark.parametrize("cut", [b"HTTP/1.1 200 OK\r\nContent-Le", b"HTTP/1.1 200 OK\r\n"])
+async def test_a_connection_closed_before_the_head_is_disconnected(cut: bytes) -> None:
+    async def rude(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(cut)
+        await w.drain()
+
+    async with serving(rude) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        with pytest.raises(Disconnected):
+            await get(pool)
+        assert pool._open == 0  # its place is free again
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 100", b"Transfer-Encoding: chunked"])
+async def test_a_body_that_breaks_off_is_a_broken_stream(framing: bytes) -> None:
+    async def short(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        body = b"5\r\nhello\r\n" if b"chunked" in framing else b"hello"
+        w.write(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n" + body)
+        await w.drain()
+
+    async with serving(short) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        with pytest.raises(StreamBroken):
+            await response.read(1)
+        assert pool._open == 0
+
+
+async def test_a_stalled_body_is_a_broken_stream_after_the_idle_timeout() -> None:
+    async def stall(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+        await w.drain()
+        await r.read()  # until the client hangs up
+
+    async with serving(stall) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        chunks = response.chunks(0.2)
+        assert await anext(chunks) == b"half"
+        with pytest.raises(StreamBroken, match=r"no data for 0\.2 s"):
+            await anext(chunks)
+        response.close()
+        assert pool._open == 0
+
+
+async def test_informational_answers_are_skipped_and_head_gets_no_body() -> None:
+    async def hints(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+        w.write(OK)
+        request = await server.read_request(r)
+        assert request.startswith(b"HEAD ")
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 12345\r\n\r\n")
+        await w.drain()
+        await r.read()  # until the client hangs up
+
+    async with serving(hints) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        assert (response.status, response.headers) == (200, [("Content-Length", "2")])
+        assert await response.read(1) == b"ok"
+        response.release()
+        head = await pool.request("HEAD", "/", [], None, Progress())
+        assert (head.status, await head.read(1)) == (200, b"")
+        head.release()
+        assert pool._open == 0  # an answer to HEAD leaves its connection unsure: closed
+
+
+async def test_the_pool_holds_requests_beyond_its_bound_until_a_connection_is_free() -> None:
+    async with serving(keep_answering) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        first = await get(pool)
+        gives_up = asyncio.create_task(get(pool))
+        woken = asyncio.create_task(get(pool))
+        waiting = Progress()
+        second = asyncio.create_task(get(pool, waiting))
+        await asyncio.sleep(0.05)
+        assert waiting.phase == "pool" and not second.done()
+        gives_up.cancel()  # a waiter that leaves takes no one's turn
+        await first.read(1)
+        first.release()  # the turn of the first one waiting...
+        woken.cancel()  # ...who leaves before taking it: it goes on to the next
+        answer = await asyncio.wait_for(second, 1)
+        assert waiting.reused and await answer.read(1) == b"ok"
+        answer.release()
+        assert server.connections == 1
+        pool.close()
+
+
+async def test_a_dropped_connection_frees_its_place_for_one_waiting() -> None:
+    async with serving(keep_answering) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        first = await get(pool)
+        second = asyncio.create_task(get(pool))
+        await asyncio.sleep(0.05)
+        first.close()
+        answer = await asyncio.wait_for(second, 1)
+        assert await answer.read(1) == b"ok"
+        answer.release()
+        assert server.connections == 2
+        pool.close()
+
+
+async def test_a_fast_body_is_read_from_the_socket_only_as_fast_as_it_is_taken() -> None:
+    size = 16 * _HIGH_WATER
+
+    async def flood(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):
+            w.write(b"x" * 65536)
+            await w.drain()
+
+    async with serving(flood) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        taken = 0
+        async for chunk in response.chunks(5):
+            taken += len(chunk)
+            await asyncio.sleep(0.001)
+            # What is held: up to the high-water mark, and what one read brings on top.
+            assert response._held <= _HIGH_WATER + 512 * 1024
+        assert taken == size
+        response.release()
+        pool.close()
+
+
+async def test_what_is_not_http_is_a_bad_answer() -> None:
+    async def garbage(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await w.drain()
+        await r.read()  # until the client hangs up
+
+    async with serving(garbage) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        with pytest.raises(BadAnswer):
+            await get(pool)
+        assert pool._open == 0
+
+
+async def test_bytes_after_an_answer_drop_its_connection() -> None:
+    async def chatty(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(OK)
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra")
+        await w.drain()
+        await keep_answering(server, r, w)
+
+    async with serving(chatty) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        assert await response.read(1) == b"ok"
+        response.release()
+        await asyncio.sleep(0.1)
+        again = await get(pool)
+        assert await again.read(1) == b"ok"
+        again.release()
+        assert server.connections == 2
+        pool.close()
+
+
+async def test_no_line_break_gets_into_the_request() -> None:
+    pool = Pool("http://127.0.0.1:9", 1)
+    for target, headers in [("/a\r\nX-Evil: 1", []), ("/a", [("X-A", "1\r\nX-Evil: 1")])]:
+        with pytest.raises(ValueError, match="line break"):
+            await pool.request("POST", target, headers, b"", Progress())
+    assert pool._open == 0
+
+
+async def test_a_refused_connection_says_nothing_was_sent() -> None:
+    with socket.socket() as bound:  # bound, not listening: refused
+        bound.bind(("127.0.0.1", 0))
+        pool = Pool(f"http://127.0.0.1:{bound.getsockname()[1]}", 1)
+        with pytest.raises(ConnectFailed):
+            await get(pool)
+    assert pool._open == 0
+    # (A connect timeout, `ConnectTimeout`, is tested through the proxy, with its metric:
+    # tests/test_upstream_resilience.py.)
+
+
+async def test_https_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    async with serving(keep_answering, tls) as server:
+        with pytest.raises(ConnectFailed):  # not a certificate this machine trusts
+            await get(Pool(f"https://localhost:{server.port}", 1))
+        monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))
+        pool = Pool(f"https://localhost:{server.port}", 1)
+        response = await get(pool)
+        assert await response.read(1) == b"ok"
+        response.release()
+        assert b"\r\nHost: localhost:%d\r\n" % server.port in server.heads[-1]
+        pool.close()
