@@ -13,11 +13,12 @@ is sent unless the hook says `include_text`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -41,7 +42,8 @@ class Hooks:
     def __init__(self, settings: HooksSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._pools: dict[str, tuple[Pool, str]] = {}  # by URL: its pool, and the target
+        # By URL: its pool, its target and its calls' headers.
+        self._pools: dict[str, tuple[Pool, str, list[tuple[str, str]]]] = {}
         self._in_flight = {"pre_compact": 0, "post_compact": 0}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -49,7 +51,7 @@ class Hooks:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        for pool, _ in self._pools.values():
+        for pool, _, _ in self._pools.values():
             pool.close()
 
     def summarizer(self, turn: Turn, llm: GuardedSummarizer, *, ahead: bool) -> policies.Summarizer:
@@ -148,8 +150,7 @@ class Hooks:
         return answer
 
     async def _post(self, hook: Hook, payload: dict[str, Any]) -> Any:
-        pool, target = self._pool(hook)
-        headers = [*hook.headers.items(), ("Content-Type", "application/json")]
+        pool, target, headers = self._pool(hook)
         response = await pool.request("POST", target, headers, orjson.dumps(payload), Progress())
         body = await response.read(hook.timeout_seconds)
         response.release()
@@ -157,15 +158,25 @@ class Hooks:
             raise HookFailed(f"status {response.status}")
         return orjson.loads(body) if body.strip() else None
 
-    def _pool(self, hook: Hook) -> tuple[Pool, str]:
-        """The hook's pool of connections (as many as calls it may have under way), and the
-        target of its URL."""
+    def _pool(self, hook: Hook) -> tuple[Pool, str, list[tuple[str, str]]]:
+        """The hook's pool of connections (as many as calls it may have under way), the
+        target of its URL, and the headers of its calls: its own, a user and password in its
+        URL as Basic credentials, and the body's type."""
         found = self._pools.get(hook.url)
         if found is None:
             parts = urlsplit(hook.url)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            pool = Pool(f"{parts.scheme}://{parts.netloc}", hook.max_in_flight)
-            found = self._pools[hook.url] = (pool, target)
+            server = parts.netloc.rpartition("@")[2]  # without the user and password
+            pool = Pool(f"{parts.scheme}://{server}", hook.max_in_flight)
+            headers = {name.lower(): (name, value) for name, value in hook.headers.items()}
+            if parts.username is not None and "authorization" not in headers:
+                pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+                basic = base64.b64encode(pair.encode()).decode()
+                headers["authorization"] = ("Authorization", f"Basic {basic}")
+            for framing in ("host", "content-length"):
+                headers.pop(framing, None)
+            headers["content-type"] = ("Content-Type", "application/json")
+            found = self._pools[hook.url] = (pool, target, list(headers.values()))
         return found
 
     def _failed(self, name: str, outcome: str, reason: str) -> None:

@@ -32,6 +32,12 @@ from .errors import StreamBroken
 # socket is no longer read until the client has taken half of it.
 _HIGH_WATER = 1 << 20
 _LOW_WATER = _HIGH_WATER // 2
+# An answer's status line and headers larger than this are refused (aiohttp's limit was 8 KiB
+# a line): a bigger head is an upstream gone wrong, and parsing it costs more as it grows.
+MAX_HEAD = 64 * 1024
+# An idle connection is not used after this long (aiohttp's default): a load balancer or NAT
+# may have forgotten it without a word, and a request sent on it would wait for nothing.
+IDLE_SECONDS = 15.0
 
 
 class HTTPError(Exception):
@@ -47,7 +53,12 @@ class ConnectTimeout(HTTPError):
 
 
 class Disconnected(HTTPError):
-    """The connection broke or closed before the answer's head had come."""
+    """The connection broke or closed before the answer's head had come; `answer_begun`: some
+    of the answer had (the upstream had taken the request: never to be sent again)."""
+
+    def __init__(self, message: str, *, answer_begun: bool) -> None:
+        super().__init__(message)
+        self.answer_begun = answer_begun
 
 
 class BadAnswer(HTTPError):
@@ -68,7 +79,11 @@ class Pool:
     idle ones kept for the next request, the most recently used first."""
 
     def __init__(
-        self, base_url: str, max_connections: int, connect_timeout: float | None = None
+        self,
+        base_url: str,
+        max_connections: int,
+        connect_timeout: float | None = None,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -78,6 +93,7 @@ class Pool:
         self.prefix = parts.path.rstrip("/")
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
+        self.idle_seconds = idle_seconds
         self._tls = ssl.create_default_context() if parts.scheme == "https" else None
         default = 443 if self._tls else 80
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -97,6 +113,8 @@ class Pool:
     ) -> Response:
         """Send `method target` (the path below the base URL, with its query) and wait for the
         answer's head."""
+        if not target.startswith("/"):
+            target = "/" + target  # a request's target is a path, whatever the client sent
         head = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("latin-1")]
         head.append(b"Host: " + self._host_header + b"\r\n")
         for name, value in headers:
@@ -124,9 +142,10 @@ class Pool:
 
     async def _acquire(self, progress: Progress) -> _Connection:
         while True:
+            now = asyncio.get_running_loop().time()
             while self._idle:
                 connection = self._idle.pop()
-                if connection.usable():
+                if connection.usable() and now - connection.idle_since < self.idle_seconds:
                     progress.reused = True
                     return connection
                 connection.drop()
@@ -143,18 +162,29 @@ class Pool:
                 raise
         self._open += 1
         progress.phase = "connect"
+        made: list[_Connection] = []  # the place is the connection's once it is made
         try:
-            return await self._connect()
+            return await self._connect(made)
         except BaseException:
-            self._freed()
+            # Cancelled as the connection was made, asyncio closes it: it frees the place
+            # itself, once (`drop`).
+            if made:
+                made[0].drop()
+            else:
+                self._freed()
             raise
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, made: list[_Connection]) -> _Connection:
         loop = asyncio.get_running_loop()
+
+        def connection() -> _Connection:
+            made.append(_Connection(self))
+            return made[0]
+
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self),
+                _, connected = await loop.create_connection(
+                    connection,
                     self.host,
                     self.port,
                     ssl=self._tls,
@@ -164,12 +194,13 @@ class Pool:
             raise ConnectTimeout(f"no connection within {self.connect_timeout:g} s") from None
         except OSError as exc:  # refused, unresolvable, TLS (ssl.SSLError is an OSError)
             raise ConnectFailed(type(exc).__name__) from exc
-        return connection
+        return connected
 
     def _put_back(self, connection: _Connection) -> None:
         if self._closed:
             connection.drop()
             return
+        connection.idle_since = asyncio.get_running_loop().time()
         self._idle.append(connection)
         self._wake()
 
@@ -199,8 +230,10 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.dropped = False
+        self.idle_since = 0.0
         self._answer: Response | None = None
         self._parser = httptools.HttpResponseParser(self)
+        self._stray = False  # bytes came after the answer: never to be used again
 
     def usable(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
@@ -236,11 +269,21 @@ class _Connection(asyncio.Protocol):
         if answer is None or answer.complete:
             self.drop()  # bytes nobody asked for: the connection can't be trusted again
             return
+        answer.begun = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            answer.fail(BadAnswer(f"not an HTTP answer: {exc}"))
+            if not answer.complete:
+                answer.fail(BadAnswer(f"not an HTTP answer: {exc}"))
+            self.drop()  # an answer complete before the error keeps what it had
+            return
+        if self._stray:
             self.drop()
+        elif answer.status == 0:
+            answer.head_bytes += len(data)
+            if answer.head_bytes > MAX_HEAD:
+                answer.fail(BadAnswer(f"an answer's head larger than {MAX_HEAD} bytes"))
+                self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -254,8 +297,13 @@ class _Connection(asyncio.Protocol):
     # httptools' callbacks, for the answer under way (after it: bytes nobody asked for, and
     # the connection is dropped)
 
+    def on_message_begin(self) -> None:
+        if self._answer is None or self._answer.complete:
+            self._stray = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._answer is not None and not self._answer.complete:
+        # Not after the head: a chunked body's trailer fields are no headers to relay.
+        if self._answer is not None and self._answer.status == 0:
             self._answer.header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -280,6 +328,8 @@ class Response:
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.complete = False
+        self.begun = False  # a byte of it came
+        self.head_bytes = 0  # read before the head was whole
         self._head_only = head_only
         self._framed = False  # a length or chunks say where the body ends (else: at EOF)
         self._keep_alive = False
@@ -331,7 +381,8 @@ class Response:
     def lost(self) -> None:
         """The connection closed before the answer's end."""
         if not self.head.done():
-            self.fail(Disconnected("the connection closed before the answer"))
+            message = "the connection closed before the answer's head"
+            self.fail(Disconnected(message, answer_begun=self.begun))
         elif not self._framed:
             self._end(keep_alive=False)  # its body ran to the connection's end
         else:
@@ -386,7 +437,10 @@ class Response:
         connection = self.connection
         if self.complete and self._keep_alive and self._error is None and connection.usable():
             connection._answer = None
-            self.connection.pool._put_back(connection)
+            if self._paused:  # read whole while held back: the next answer must be read
+                self._paused = False
+                connection.transport.resume_reading()  # type: ignore[union-attr]
+            connection.pool._put_back(connection)
         else:
             connection.drop()
 

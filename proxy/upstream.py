@@ -250,9 +250,10 @@ class UpstreamClient:
                 raise self._unreachable(upstream, exc, budget) from None
             return _Again("connect", wait)
         except Disconnected as exc:
-            # On a pooled connection, the upstream had closed it as the request went out.
-            # On a new one the upstream may have run the request: never twice.
-            wait = budget.wait() if progress.reused else None
+            # On a pooled connection with no byte of an answer, the upstream had closed it as
+            # the request went out. Otherwise it may have run the request: never twice.
+            stale = progress.reused and not exc.answer_begun
+            wait = budget.wait() if stale else None
             if wait is None:
                 raise self._unreachable(upstream, exc, budget) from None
             return _Again("stale_connection", wait)

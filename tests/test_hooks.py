@@ -4,6 +4,7 @@ fails a request."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -67,6 +68,24 @@ def test_pre_compact_instructions_reach_every_summary_request() -> None:
         assert set(summary) == {"start", "end", "messages", "max_tokens", "previous"}
         assert all(b"Turn " not in r.body for r in hook.requests)
         assert outcomes(h, "pre_compact", "ok") == len(calls)
+
+
+def test_a_hooks_url_credentials_and_headers_go_with_each_call() -> None:
+    """A user and password in the URL go as Basic credentials (docs/config.md), the hook's
+    headers as set, and the body's type once, whatever the hook's headers say."""
+    with FakeHook() as hook:
+        url = hook.url(PRE).replace("http://", "http://hook%20user:s%40cret@")
+        headers = {"X-Token": "t1", "content-type": "text/plain"}
+        pre = {"url": url, "headers": headers}
+        with harness(hooks={"pre_compact": pre}) as h:
+            hook.answer = {"instructions": INSTRUCTIONS}
+            h.conversation().until("compacted")
+            assert hook.calls(PRE)
+            for call in hook.requests:
+                basic = base64.b64encode(b"hook user:s@cret").decode()
+                assert call.headers["Authorization"] == f"Basic {basic}"
+                assert call.headers["X-Token"] == "t1"
+                assert call.headers.getall("Content-Type") == ["application/json"]
 
 
 def test_admin_instructions_come_first_then_the_hooks() -> None:

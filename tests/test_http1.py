@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from proxy import http1
 from proxy.errors import StreamBroken
 from proxy.http1 import (
     _HIGH_WATER,
+    MAX_HEAD,
     BadAnswer,
     ConnectFailed,
     Disconnected,
@@ -350,3 +352,148 @@ async def test_https_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:
         response.release()
         assert b"\r\nHost: localhost:%d\r\n" % server.port in server.heads[-1]
         pool.close()
+
+
+async def test_a_request_cancelled_at_any_step_frees_its_place_once() -> None:
+    """Cancelled while waiting, connecting (as asyncio makes the connection, too), sending or
+    waiting for the head: the pool's count of connections stays true, so its bound holds."""
+    async with serving(keep_answering) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 2)
+        for turns in range(16):
+            requests = [asyncio.create_task(get(pool)) for _ in range(3)]
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            for request in requests:
+                request.cancel()
+            for done in await asyncio.gather(*requests, return_exceptions=True):
+                if isinstance(done, Response):
+                    await done.read(1)
+                    done.release()
+            await asyncio.sleep(0.01)  # connections closed meanwhile are forgotten
+            assert len(pool._idle) <= pool._open <= 2
+        requests = [asyncio.create_task(get(pool)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert len(server.open) <= 2 and sum(r.done() for r in requests) == 2  # the bound held
+        for request in requests:
+            answer = await asyncio.wait_for(request, 1)
+            await answer.read(1)
+            answer.release()  # (a place for the third)
+        pool.close()
+
+
+async def test_an_idle_connection_is_not_used_after_its_time() -> None:
+    async with serving(keep_answering) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1, idle_seconds=0.1)
+        for pause in (0, 0.2):
+            await asyncio.sleep(pause)
+            response = await get(pool)
+            await response.read(1)
+            response.release()
+        assert server.connections == 2  # the first was idle too long for the second
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [b"}\n", b"H", b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n", b"\x00garbage"],
+)
+async def test_bytes_after_an_answer_in_the_same_read_keep_it_and_drop_the_connection(
+    stray: bytes,
+) -> None:
+    async def chatty(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(OK + stray)  # one write: one read on the other side
+        await w.drain()
+        await keep_answering(server, r, w)
+
+    async with serving(chatty) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        assert await response.read(1) == b"ok"
+        response.release()
+        again = await get(pool)
+        assert await asyncio.wait_for(again.read(1), 1) == b"ok"
+        again.release()
+        assert server.connections == 2
+        pool.close()
+
+
+async def test_trailer_fields_are_no_headers() -> None:
+    async def trailer(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n")
+        w.write(b"2\r\nok\r\n0\r\nX-Checksum: abc\r\nSet-Cookie: s=1\r\n\r\n")
+        await keep_answering(server, r, w)
+
+    async with serving(trailer) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        assert await response.read(1) == b"ok"
+        names = [name.lower() for name, _ in response.headers]
+        assert names == ["transfer-encoding", "trailer"]
+        response.release()
+        pool.close()
+
+
+async def test_a_head_beyond_its_bound_is_a_bad_answer() -> None:
+    async def huge(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        for _ in range(4 * MAX_HEAD // 4096):
+            w.write(b"x" * 4096)
+            await w.drain()
+        await r.read()
+
+    async with serving(huge) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        with pytest.raises(BadAnswer, match="larger than"):
+            await asyncio.wait_for(get(pool), 5)
+        assert pool._open == 0
+
+
+async def test_a_body_read_whole_after_reading_was_held_back_leaves_a_usable_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http1, "_HIGH_WATER", 1000)  # a body of 3000 bytes in one read is over
+
+    async def big(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3000\r\n\r\n" + b"x" * 3000)
+        await keep_answering(server, r, w)
+
+    async with serving(big) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await get(pool)
+        while not response.complete:
+            await asyncio.sleep(0.01)
+        assert response._paused  # complete, and reading held back by the same read
+        assert len(await response.read(1)) == 3000
+        response.release()
+        again = await asyncio.wait_for(get(pool), 1)
+        assert await again.read(1) == b"ok"
+        again.release()
+        assert server.connections == 1
+        pool.close()
+
+
+async def test_a_target_is_always_a_path() -> None:
+    async with serving(keep_answering) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        response = await pool.request("GET", "%2F@elsewhere/x", [], None, Progress())
+        response.release()
+        assert server.heads[0].startswith(b"GET /%2F@elsewhere/x HTTP/1.1\r\n")
+        pool.close()
+
+
+@pytest.mark.parametrize("cut", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"])
+async def test_a_connection_that_closes_says_whether_the_answer_had_begun(cut: bytes) -> None:
+    async def rude(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(cut)
+        await w.drain()
+
+    async with serving(rude) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        with pytest.raises(Disconnected) as closed:
+            await get(pool)
+        assert closed.value.answer_begun is bool(cut)

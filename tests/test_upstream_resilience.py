@@ -189,6 +189,31 @@ def test_a_stale_pooled_connection_is_retried_on_a_new_one(http: httpx.Client) -
         assert retries(http, server, "stale_connection") == 1
 
 
+async def begins_then_closes_kept_connections(
+    request: Request, writer: asyncio.StreamWriter
+) -> bool:
+    """Answers the first request of each connection; on a second one it begins an answer's
+    head and closes: it had taken the request."""
+    if request.number > 1:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Le")
+        await writer.drain()
+        return False
+    writer.write(response(200, orjson.dumps({"connection": request.connection})))
+    return True
+
+
+def test_a_pooled_connection_closed_mid_answer_is_not_retried(http: httpx.Client) -> None:
+    with (
+        ScriptedUpstream(begins_then_closes_kept_connections) as up,
+        proxy_server(config_of(up, retries=1)) as server,
+    ):
+        assert http.post(server.url + CHAT, json=BODY).json() == {"connection": 1}
+        second = http.post(server.url + CHAT, json=BODY)
+        assert second.status_code == 502
+        assert [(r.connection, r.number) for r in up.requests] == [(1, 1), (1, 2)]
+        assert retries(http, server, "stale_connection") == 0
+
+
 async def closes(request: Request, writer: asyncio.StreamWriter) -> bool:
     return False
 
