@@ -42,8 +42,7 @@ class Hooks:
     def __init__(self, settings: HooksSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        # By URL: its pool, its target and its calls' headers.
-        self._pools: dict[str, tuple[Pool, str, list[tuple[str, str]]]] = {}
+        self._pools: dict[str, tuple[Pool, str]] = {}  # by URL: its pool, and its target
         self._in_flight = {"pre_compact": 0, "post_compact": 0}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -51,7 +50,7 @@ class Hooks:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        for pool, _, _ in self._pools.values():
+        for pool, _ in self._pools.values():
             pool.close()
 
     def summarizer(self, turn: Turn, llm: GuardedSummarizer, *, ahead: bool) -> policies.Summarizer:
@@ -150,34 +149,41 @@ class Hooks:
         return answer
 
     async def _post(self, hook: Hook, payload: dict[str, Any]) -> Any:
-        pool, target, headers = self._pool(hook)
-        response = await pool.request("POST", target, headers, orjson.dumps(payload), Progress())
+        pool, target = self._pool(hook)
+        body = orjson.dumps(payload)
+        response = await pool.request("POST", target, self._headers(hook), body, Progress())
         body = await response.read(hook.timeout_seconds)
         response.release()
         if not 200 <= response.status < 300:
             raise HookFailed(f"status {response.status}")
         return orjson.loads(body) if body.strip() else None
 
-    def _pool(self, hook: Hook) -> tuple[Pool, str, list[tuple[str, str]]]:
-        """The hook's pool of connections (as many as calls it may have under way), the
-        target of its URL, and the headers of its calls: its own, a user and password in its
-        URL as Basic credentials, and the body's type."""
+    def _pool(self, hook: Hook) -> tuple[Pool, str]:
+        """The pool of connections to the hook's URL (as many as calls it may have under way),
+        and the target of its URL."""
         found = self._pools.get(hook.url)
         if found is None:
             parts = urlsplit(hook.url)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             server = parts.netloc.rpartition("@")[2]  # without the user and password
             pool = Pool(f"{parts.scheme}://{server}", hook.max_in_flight)
-            headers = {name.lower(): (name, value) for name, value in hook.headers.items()}
-            if parts.username is not None and "authorization" not in headers:
-                pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-                basic = base64.b64encode(pair.encode()).decode()
-                headers["authorization"] = ("Authorization", f"Basic {basic}")
-            for framing in ("host", "content-length"):
-                headers.pop(framing, None)
-            headers["content-type"] = ("Content-Type", "application/json")
-            found = self._pools[hook.url] = (pool, target, list(headers.values()))
+            found = self._pools[hook.url] = (pool, target)
         return found
+
+    @staticmethod
+    def _headers(hook: Hook) -> list[tuple[str, str]]:
+        """The headers of the hook's calls: its own, a user and password in its URL as Basic
+        credentials, and the body's type."""
+        parts = urlsplit(hook.url)
+        headers = {name.lower(): (name, value) for name, value in hook.headers.items()}
+        if parts.username is not None and "authorization" not in headers:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            basic = base64.b64encode(pair.encode()).decode()
+            headers["authorization"] = ("Authorization", f"Basic {basic}")
+        for framing in ("host", "content-length"):
+            headers.pop(framing, None)
+        headers["content-type"] = ("Content-Type", "application/json")
+        return list(headers.values())
 
     def _failed(self, name: str, outcome: str, reason: str) -> None:
         self.metrics.hook_calls.labels(name, outcome).inc()

@@ -277,13 +277,12 @@ class _Connection(asyncio.Protocol):
                 answer.fail(BadAnswer(f"not an HTTP answer: {exc}"))
             self.drop()  # an answer complete before the error keeps what it had
             return
-        if self._stray:
-            self.drop()
-        elif answer.status == 0:
+        if answer.status == 0 and not answer.complete:  # its head is still to come
             answer.head_bytes += len(data)
             if answer.head_bytes > MAX_HEAD:
                 answer.fail(BadAnswer(f"an answer's head larger than {MAX_HEAD} bytes"))
-                self.drop()
+        if self._stray or (answer.complete and answer.status == 0):  # its head refused
+            self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -329,8 +328,9 @@ class Response:
         self.headers: list[tuple[str, str]] = []
         self.complete = False
         self.begun = False  # a byte of it came
-        self.head_bytes = 0  # read before the head was whole
+        self.head_bytes = 0  # read before the head was whole (a head may never end)
         self._head_only = head_only
+        self._fields = 0  # the bytes of its header fields (a head may end in the read it began)
         self._framed = False  # a length or chunks say where the body ends (else: at EOF)
         self._keep_alive = False
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -343,12 +343,16 @@ class Response:
     # the connection's
 
     def header(self, name: bytes, value: bytes) -> None:
+        self._fields += len(name) + len(value)
         lowered = name.lower()
         if lowered == b"content-length" or lowered == b"transfer-encoding":
             self._framed = True
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def head_done(self, status: int) -> None:
+        if self._fields > MAX_HEAD:
+            self.fail(BadAnswer(f"an answer's head larger than {MAX_HEAD} bytes"))
+            return
         if 100 <= status < 200 and status != 101:
             self.headers = []  # informational (100 Continue, 103 Early Hints): the answer follows
             self._framed = False

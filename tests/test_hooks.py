@@ -88,6 +88,17 @@ def test_a_hooks_url_credentials_and_headers_go_with_each_call() -> None:
                 assert call.headers.getall("Content-Type") == ["application/json"]
 
 
+def test_hooks_at_one_url_each_send_their_own_headers() -> None:
+    with FakeHook() as hook:
+        pre = {"url": hook.url(PRE), "headers": {"X-Event": "pre"}}
+        post = {"url": hook.url(PRE), "headers": {"X-Event": "post"}}
+        with harness(hooks={"pre_compact": pre, "post_compact": post}) as h:
+            h.conversation().until("compacted")
+            h.wait_for(lambda: len({call.json["hook"] for call in hook.requests}) == 2)
+            for call in hook.requests:
+                assert call.headers["X-Event"] == call.json["hook"].removesuffix("_compact")
+
+
 def test_admin_instructions_come_first_then_the_hooks() -> None:
     with hooked({"pre_compact": {"url": PRE, "include_text": True}}) as (h, hook):
         hook.answer = {"instructions": INSTRUCTIONS}

@@ -451,6 +451,28 @@ async def test_a_head_beyond_its_bound_is_a_bad_answer() -> None:
         assert pool._open == 0
 
 
+@pytest.mark.parametrize("size", [MAX_HEAD - 1024, MAX_HEAD + 1024, 4 * MAX_HEAD])
+async def test_a_whole_head_over_its_bound_is_a_bad_answer(size: int) -> None:
+    """Sent at once, however the reads split it: the bound is of the head's fields."""
+
+    async def big(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * size + b"\r\n" + OK.split(b"\r\n", 1)[1])
+        await keep_answering(server, r, w)
+
+    async with serving(big) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        if size < MAX_HEAD:
+            response = await asyncio.wait_for(get(pool), 5)
+            assert await response.read(1) == b"ok"
+            response.release()
+        else:
+            with pytest.raises(BadAnswer, match="larger than"):
+                await asyncio.wait_for(get(pool), 5)
+            assert pool._open == 0
+        pool.close()
+
+
 async def test_a_body_read_whole_after_reading_was_held_back_leaves_a_usable_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
