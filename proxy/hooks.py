@@ -150,8 +150,8 @@ class Hooks:
 
     async def _post(self, hook: Hook, payload: dict[str, Any]) -> Any:
         pool, target = self._pool(hook)
-        body = orjson.dumps(payload)
-        response = await pool.request("POST", target, self._headers(hook), body, Progress())
+        sent = orjson.dumps(payload)
+        response = await pool.request("POST", target, self._headers(hook), sent, Progress())
         body = await response.read(hook.timeout_seconds)
         response.release()
         if not 200 <= response.status < 300:
