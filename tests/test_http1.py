@@ -10,6 +10,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -53,6 +54,9 @@ class Server:
             writer.close()
             self.open.pop(asyncio.current_task())  # type: ignore[arg-type]
 
+    def pool(self, max_connections: int = 1, **settings: float) -> Pool:
+        return Pool(f"http://127.0.0.1:{self.port}", max_connections, **settings)
+
     async def read_request(self, reader: asyncio.StreamReader) -> bytes:
         """One request's head and body (by its Content-Length)."""
         head = await reader.readuntil(b"\r\n\r\n")
@@ -86,6 +90,24 @@ async def keep_answering(server: Server, r: asyncio.StreamReader, w: asyncio.Str
         await server.read_request(r)
         w.write(OK)
         await w.drain()
+
+
+def answering(
+    first: bytes, then: Literal["close", "hold", "keep"] = "close"
+) -> Callable[[Server, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A server's handler: the first request is answered with the bytes `first`, then the
+    connection is closed, held until the client hangs up, or kept answering `OK`."""
+
+    async def handler(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await server.read_request(r)
+        w.write(first)
+        await w.drain()
+        if then == "hold":
+            await r.read()
+        elif then == "keep":
+            await keep_answering(server, r, w)
+
+    return handler
 
 
 async def get(pool: Pool, progress: Progress | None = None) -> Response:
@@ -123,7 +145,7 @@ async def test_a_chunked_body_comes_chunk_by_chunk() -> None:
         await keep_answering(server, r, w)
 
     async with serving(stream) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         response = await get(pool)
         got = [chunk async for chunk in response.chunks(1)]
         assert got == events  # each as it came, not gathered
@@ -136,13 +158,8 @@ async def test_a_chunked_body_comes_chunk_by_chunk() -> None:
 
 
 async def test_a_body_without_a_length_ends_with_the_connection() -> None:
-    async def legacy(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(b"HTTP/1.0 200 OK\r\n\r\nall of it")
-        await w.drain()
-
-    async with serving(legacy) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    async with serving(answering(b"HTTP/1.0 200 OK\r\n\r\nall of it")) as server:
+        pool = server.pool()
         response = await get(pool)
         assert await response.read(1) == b"all of it"
         response.release()
@@ -153,30 +170,23 @@ async def test_a_body_without_a_length_ends_with_the_connection() -> None:
         assert pool._open == 0
 
 
-@pytest.mark.parametrize("cut", [b"HTTP/1.1 200 OK\r\nContent-Le", b"HTTP/1.1 200 OK\r\n"])
-async def test_a_connection_closed_before_the_head_is_disconnected(cut: bytes) -> None:
-    async def rude(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(cut)
-        await w.drain()
-
-    async with serving(rude) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
-        with pytest.raises(Disconnected):
+@pytest.mark.parametrize("cut", [b"", b"HTTP/1.1 200 OK\r\nContent-Le", b"HTTP/1.1 200 OK\r\n"])
+async def test_a_connection_closed_before_the_head_says_whether_the_answer_had_begun(
+    cut: bytes,
+) -> None:
+    async with serving(answering(cut)) as server:
+        pool = server.pool()
+        with pytest.raises(Disconnected) as closed:
             await get(pool)
+        assert closed.value.answer_begun is bool(cut)
         assert pool._open == 0  # its place is free again
 
 
 @pytest.mark.parametrize("framing", [b"Content-Length: 100", b"Transfer-Encoding: chunked"])
 async def test_a_body_that_breaks_off_is_a_broken_stream(framing: bytes) -> None:
-    async def short(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        body = b"5\r\nhello\r\n" if b"chunked" in framing else b"hello"
-        w.write(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n" + body)
-        await w.drain()
-
-    async with serving(short) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    body = b"5\r\nhello\r\n" if b"chunked" in framing else b"hello"
+    async with serving(answering(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n" + body)) as server:
+        pool = server.pool()
         response = await get(pool)
         with pytest.raises(StreamBroken):
             await response.read(1)
@@ -184,14 +194,9 @@ async def test_a_body_that_breaks_off_is_a_broken_stream(framing: bytes) -> None
 
 
 async def test_a_stalled_body_is_a_broken_stream_after_the_idle_timeout() -> None:
-    async def stall(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
-        await w.drain()
-        await r.read()  # until the client hangs up
-
-    async with serving(stall) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    half = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf"
+    async with serving(answering(half, "hold")) as server:
+        pool = server.pool()
         response = await get(pool)
         chunks = response.chunks(0.2)
         assert await anext(chunks) == b"half"
@@ -213,7 +218,7 @@ async def test_informational_answers_are_skipped_and_head_gets_no_body() -> None
         await r.read()  # until the client hangs up
 
     async with serving(hints) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         response = await get(pool)
         assert (response.status, response.headers) == (200, [("Content-Length", "2")])
         assert await response.read(1) == b"ok"
@@ -226,7 +231,7 @@ async def test_informational_answers_are_skipped_and_head_gets_no_body() -> None
 
 async def test_the_pool_holds_requests_beyond_its_bound_until_a_connection_is_free() -> None:
     async with serving(keep_answering) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         first = await get(pool)
         gives_up = asyncio.create_task(get(pool))
         woken = asyncio.create_task(get(pool))
@@ -247,7 +252,7 @@ async def test_the_pool_holds_requests_beyond_its_bound_until_a_connection_is_fr
 
 async def test_a_dropped_connection_frees_its_place_for_one_waiting() -> None:
     async with serving(keep_answering) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         first = await get(pool)
         second = asyncio.create_task(get(pool))
         await asyncio.sleep(0.05)
@@ -270,7 +275,7 @@ async def test_a_fast_body_is_read_from_the_socket_only_as_fast_as_it_is_taken()
             await w.drain()
 
     async with serving(flood) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         response = await get(pool)
         taken = 0
         async for chunk in response.chunks(5):
@@ -284,14 +289,8 @@ async def test_a_fast_body_is_read_from_the_socket_only_as_fast_as_it_is_taken()
 
 
 async def test_what_is_not_http_is_a_bad_answer() -> None:
-    async def garbage(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await w.drain()
-        await r.read()  # until the client hangs up
-
-    async with serving(garbage) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    async with serving(answering(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "hold")) as server:
+        pool = server.pool()
         with pytest.raises(BadAnswer):
             await get(pool)
         assert pool._open == 0
@@ -308,7 +307,7 @@ async def test_bytes_after_an_answer_drop_its_connection() -> None:
         await keep_answering(server, r, w)
 
     async with serving(chatty) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         response = await get(pool)
         assert await response.read(1) == b"ok"
         response.release()
@@ -358,7 +357,7 @@ async def test_a_request_cancelled_at_any_step_frees_its_place_once() -> None:
     """Cancelled while waiting, connecting (as asyncio makes the connection, too), sending or
     waiting for the head: the pool's count of connections stays true, so its bound holds."""
     async with serving(keep_answering) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 2)
+        pool = server.pool(2)
         for turns in range(16):
             requests = [asyncio.create_task(get(pool)) for _ in range(3)]
             for _ in range(turns):
@@ -383,7 +382,7 @@ async def test_a_request_cancelled_at_any_step_frees_its_place_once() -> None:
 
 async def test_an_idle_connection_is_not_used_after_its_time() -> None:
     async with serving(keep_answering) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1, idle_seconds=0.1)
+        pool = server.pool(1, idle_seconds=0.1)
         for pause in (0, 0.2):
             await asyncio.sleep(pause)
             response = await get(pool)
@@ -400,14 +399,8 @@ async def test_an_idle_connection_is_not_used_after_its_time() -> None:
 async def test_bytes_after_an_answer_in_the_same_read_keep_it_and_drop_the_connection(
     stray: bytes,
 ) -> None:
-    async def chatty(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(OK + stray)  # one write: one read on the other side
-        await w.drain()
-        await keep_answering(server, r, w)
-
-    async with serving(chatty) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    async with serving(answering(OK + stray, "keep")) as server:  # one write: one read
+        pool = server.pool()
         response = await get(pool)
         assert await response.read(1) == b"ok"
         response.release()
@@ -419,14 +412,10 @@ async def test_bytes_after_an_answer_in_the_same_read_keep_it_and_drop_the_conne
 
 
 async def test_trailer_fields_are_no_headers() -> None:
-    async def trailer(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n")
-        w.write(b"2\r\nok\r\n0\r\nX-Checksum: abc\r\nSet-Cookie: s=1\r\n\r\n")
-        await keep_answering(server, r, w)
-
-    async with serving(trailer) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+    body = b"2\r\nok\r\n0\r\nX-Checksum: abc\r\nSet-Cookie: s=1\r\n\r\n"
+    async with serving(answering(head + body, "keep")) as server:
+        pool = server.pool()
         response = await get(pool)
         assert await response.read(1) == b"ok"
         names = [name.lower() for name, _ in response.headers]
@@ -445,7 +434,7 @@ async def test_a_head_beyond_its_bound_is_a_bad_answer() -> None:
         await r.read()
 
     async with serving(huge) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         with pytest.raises(BadAnswer, match="larger than"):
             await asyncio.wait_for(get(pool), 5)
         assert pool._open == 0
@@ -455,13 +444,9 @@ async def test_a_head_beyond_its_bound_is_a_bad_answer() -> None:
 async def test_a_whole_head_over_its_bound_is_a_bad_answer(size: int) -> None:
     """Sent at once, however the reads split it: the bound is of the head's fields."""
 
-    async def big(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * size + b"\r\n" + OK.split(b"\r\n", 1)[1])
-        await keep_answering(server, r, w)
-
-    async with serving(big) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    head = b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * size + b"\r\n"
+    async with serving(answering(head + OK.split(b"\r\n", 1)[1], "keep")) as server:
+        pool = server.pool()
         if size < MAX_HEAD:
             response = await asyncio.wait_for(get(pool), 5)
             assert await response.read(1) == b"ok"
@@ -478,13 +463,9 @@ async def test_a_body_read_whole_after_reading_was_held_back_leaves_a_usable_con
 ) -> None:
     monkeypatch.setattr(http1, "_HIGH_WATER", 1000)  # a body of 3000 bytes in one read is over
 
-    async def big(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3000\r\n\r\n" + b"x" * 3000)
-        await keep_answering(server, r, w)
-
-    async with serving(big) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: 3000\r\n\r\n" + b"x" * 3000
+    async with serving(answering(big, "keep")) as server:
+        pool = server.pool()
         response = await get(pool)
         while not response.complete:
             await asyncio.sleep(0.01)
@@ -500,22 +481,8 @@ async def test_a_body_read_whole_after_reading_was_held_back_leaves_a_usable_con
 
 async def test_a_target_is_always_a_path() -> None:
     async with serving(keep_answering) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
+        pool = server.pool()
         response = await pool.request("GET", "%2F@elsewhere/x", [], None, Progress())
         response.release()
         assert server.heads[0].startswith(b"GET /%2F@elsewhere/x HTTP/1.1\r\n")
         pool.close()
-
-
-@pytest.mark.parametrize("cut", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"])
-async def test_a_connection_that_closes_says_whether_the_answer_had_begun(cut: bytes) -> None:
-    async def rude(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await server.read_request(r)
-        w.write(cut)
-        await w.drain()
-
-    async with serving(rude) as server:
-        pool = Pool(f"http://127.0.0.1:{server.port}", 1)
-        with pytest.raises(Disconnected) as closed:
-            await get(pool)
-        assert closed.value.answer_begun is bool(cut)

@@ -18,7 +18,7 @@ import yaml
 
 from proxy.config import Config, loads
 from tests.conftest import metric
-from tests.scripted import Request, ScriptedUpstream, event, response, stream_head
+from tests.scripted import Request, Script, ScriptedUpstream, event, response, stream_head
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"
@@ -167,18 +167,25 @@ def test_nothing_is_retried_after_the_first_relayed_byte(planned: Planned) -> No
 # -- stale pooled connections ----------------------------------------------------------------------
 
 
-async def closes_kept_connections(request: Request, writer: asyncio.StreamWriter) -> bool:
-    """Answers the first request of each connection, and closes it when a second one comes,
-    as an upstream whose keep-alive timeout ran out as the proxy reused the connection."""
-    if request.number > 1:
-        return False
-    writer.write(response(200, orjson.dumps({"connection": request.connection})))
-    return True
+def closes_kept_connections(begun: bytes = b"") -> Script:
+    """Answers the first request of each connection; when a second one comes, writes `begun`
+    (nothing, as an upstream whose keep-alive timeout ran out as the proxy reused the
+    connection, or the start of an answer: it had taken the request) and closes it."""
+
+    async def handler(request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.number > 1:
+            writer.write(begun)
+            await writer.drain()
+            return False
+        writer.write(response(200, orjson.dumps({"connection": request.connection})))
+        return True
+
+    return handler
 
 
 def test_a_stale_pooled_connection_is_retried_on_a_new_one(http: httpx.Client) -> None:
     with (
-        ScriptedUpstream(closes_kept_connections) as up,
+        ScriptedUpstream(closes_kept_connections()) as up,
         proxy_server(config_of(up, retries=1)) as server,
     ):
         first = http.post(server.url + CHAT, json=BODY)
@@ -189,22 +196,9 @@ def test_a_stale_pooled_connection_is_retried_on_a_new_one(http: httpx.Client) -
         assert retries(http, server, "stale_connection") == 1
 
 
-async def begins_then_closes_kept_connections(
-    request: Request, writer: asyncio.StreamWriter
-) -> bool:
-    """Answers the first request of each connection; on a second one it begins an answer's
-    head and closes: it had taken the request."""
-    if request.number > 1:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Le")
-        await writer.drain()
-        return False
-    writer.write(response(200, orjson.dumps({"connection": request.connection})))
-    return True
-
-
 def test_a_pooled_connection_closed_mid_answer_is_not_retried(http: httpx.Client) -> None:
     with (
-        ScriptedUpstream(begins_then_closes_kept_connections) as up,
+        ScriptedUpstream(closes_kept_connections(b"HTTP/1.1 200 OK\r\nContent-Le")) as up,
         proxy_server(config_of(up, retries=1)) as server,
     ):
         assert http.post(server.url + CHAT, json=BODY).json() == {"connection": 1}
