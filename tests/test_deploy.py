@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,74 @@ def test_compose_runs_two_replicas_on_one_redis_and_prometheus_scrapes_both() ->
     (job,) = prometheus["scrape_configs"]
     (static,) = job["static_configs"]
     assert sorted(static["targets"]) == sorted(f"{name}:{built['port']}" for name in proxies)
+
+
+# -- the image's build context -----------------------------------------------------------------
+
+
+def dockerignore_matcher(text: str) -> Callable[[str], bool]:
+    """Whether `.dockerignore` keeps a path out of the build context, as Docker reads it
+    (moby's patternmatcher): the last pattern that matches the path or one of its parent
+    folders decides, `!` re-includes, `**` spans folders, `*` and `?` stay within one."""
+    rules: list[tuple[re.Pattern[str], bool]] = []
+    for line in text.splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        include = pattern.startswith("!")
+        pattern = pattern.removeprefix("!").strip().strip("/")
+        parts = []
+        for piece in re.split(r"(\*\*/?|\*|\?)", pattern):
+            if piece in ("**", "**/"):
+                parts.append("(?:.*/)?" if piece == "**/" else ".*")
+            elif piece == "*":
+                parts.append("[^/]*")
+            elif piece == "?":
+                parts.append("[^/]")
+            else:
+                parts.append(re.escape(piece))
+        rules.append((re.compile("".join(parts)), include))
+
+    def excluded(path: str) -> bool:
+        prefixes = ["/".join(path.split("/")[: n + 1]) for n in range(path.count("/") + 1)]
+        verdict = False
+        for regex, include in rules:
+            if any(regex.fullmatch(prefix) for prefix in prefixes):
+                verdict = not include
+        return verdict
+
+    return excluded
+
+
+def copied_sources() -> list[str]:
+    """Every path a `COPY` of the Dockerfile takes from the build context (not --from a stage)."""
+    sources = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            sources += [w for w in words[1:-1] if not w.startswith("--")]
+    return sources
+
+
+def test_every_file_the_dockerfile_copies_is_in_the_build_context() -> None:
+    excluded = dockerignore_matcher((ROOT / ".dockerignore").read_text())
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    sources = copied_sources()
+    assert {"requirements", "proxy", "policies", "config.yaml"} <= {s.rstrip("/") for s in sources}
+    for source in sources:
+        source = source.rstrip("/")
+        files = [f for f in tracked if f == source or f.startswith(source + "/")]
+        assert files, f"the Dockerfile copies {source}, which the repository does not have"
+        left_out = [f for f in files if excluded(f)]
+        assert not left_out, f".dockerignore keeps {left_out[:3]} out of the image's COPY {source}"
+
+
+def test_the_build_context_matcher_reads_dockerignore_as_docker_does() -> None:
+    excluded = dockerignore_matcher("*\n!proxy/\n**/__pycache__\n!requirements*.lock\n")
+    assert excluded("requirements/runtime.txt")  # the old defect: a folder the lock moved into
+    assert not excluded("requirements.lock")
+    assert not excluded("proxy/app.py")
+    assert excluded("proxy/__pycache__/app.cpython-311.pyc")
+    assert excluded(".venv/bin/python") and excluded("README.md")
