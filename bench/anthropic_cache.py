@@ -29,7 +29,7 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 from common import long_history, percentile, proxy  # noqa: E402  (bench/ is on the path)
 
-from proxy.tokens import configure_offline_encodings  # noqa: E402
+from proxy.models.tokens import configure_offline_encodings  # noqa: E402
 from tests.claude_loop import MODEL, WINDOW, cache_read_share, run_loop  # noqa: E402
 from tests.conversations import words  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic  # noqa: E402

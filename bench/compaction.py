@@ -40,21 +40,21 @@ from common import (
 )
 
 import policies
-from proxy.app import Proxy
+from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, Policy, load, loads
 from proxy.dialects import Dialect, Parsed
-from proxy.dialects.chat import Chat
-from proxy.dialects.messages import Messages
+from proxy.dialects.anthropic.messages import Messages
+from proxy.dialects.openai.chat import Chat
+from proxy.dialects.openai.responses import Responses
 from proxy.dialects.raw_items import KnownBodies
-from proxy.dialects.responses import Responses
 from proxy.memo import content_keys
-from proxy.metrics import Metrics
-from proxy.models import ModelCatalog
-from proxy.state import SessionState
-from proxy.store import MemoryStore
-from proxy.tokens import TokenCounter, counter_for
-from proxy.turn import ClientRequest
-from proxy.upstream import UpstreamClient
+from proxy.models.catalog import ModelCatalog
+from proxy.models.tokens import TokenCounter, counter_for
+from proxy.observability.metrics import Metrics
+from proxy.server.app import Proxy
+from proxy.sessions.state import SessionState
+from proxy.sessions.store import MemoryStore
+from proxy.upstream.client import UpstreamClient
 
 MODEL = "gpt-4o"
 COMPACT_TOKENS = 200_000
@@ -81,7 +81,7 @@ def default_policy() -> Policy:
 
 
 def budget_for(policy: Policy, window: int, max_tokens: int | None = None) -> policies.Budget:
-    """The budget the proxy gives a request for MODEL at `window` (proxy/compactor.py)."""
+    """The budget the proxy gives a request for MODEL at `window` (proxy/compaction/compactor.py)."""
     max_output = ModelCatalog().lookup(MODEL).max_output_tokens
     return policy.compaction.budget(window, max_output, max_tokens)
 

@@ -37,8 +37,8 @@ from savings import Proxy, body
 import policies
 from policies.message import Message, visible_text
 from proxy.config import Policy
-from proxy.recordings import joined
-from proxy.tokens import counter_for
+from proxy.models.tokens import counter_for
+from proxy.tools.recordings import joined
 from tests.fake_upstream import count_prompt_tokens
 from tests.test_long_sessions import agent_loop, dialogue
 

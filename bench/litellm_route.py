@@ -137,7 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the samples")
     count = 30 if parser.parse_args().quick else 300
-    from proxy.litellm_setup import load_litellm  # set up as the proxy sets it up
+    from proxy.upstream.litellm_setup import load_litellm  # set up as the proxy sets it up
 
     litellm = load_litellm()
     started = time.perf_counter()

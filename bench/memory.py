@@ -49,18 +49,18 @@ from common import free_port, long_history, machine, memory_mb, percentile, prox
 from compaction import LARGE_MODEL, request_of
 from compaction import proxy_config as unbounded_config
 
-from proxy.app import Proxy, create_app
-from proxy.cache_usage import CacheLedger
-from proxy.calibration import Calibration
+from proxy.compaction.exact_count import Counted
 from proxy.config import loads
 from proxy.dialects import Usage
-from proxy.dialects.chat import Chat
-from proxy.exact_count import Counted
+from proxy.dialects.openai.chat import Chat
 from proxy.memo import content_keys
-from proxy.metrics import Metrics
-from proxy.sessions import session_key
-from proxy.store import MemoryStore, RedisStore
-from proxy.upstream import UpstreamClient
+from proxy.models.calibration import Calibration
+from proxy.observability.metrics import Metrics
+from proxy.server.app import Proxy, create_app
+from proxy.sessions.cache_usage import CacheLedger
+from proxy.sessions.sessions import session_key
+from proxy.sessions.store import MemoryStore, RedisStore
+from proxy.upstream.client import UpstreamClient
 from tests.conversations import words
 from tests.fake_upstream import FakeUpstream
 from tests.redis_servers import redis_server

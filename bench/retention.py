@@ -38,8 +38,8 @@ from savings import LangChain, Proxy
 
 import policies
 from policies.message import Message, visible_text
-from proxy.recordings import joined
-from proxy.tokens import REPLY_PRIMING, TokenCounter, counter_for
+from proxy.models.tokens import REPLY_PRIMING, TokenCounter, counter_for
+from proxy.tools.recordings import joined
 
 WINDOWS = (4096, 8192, 16384)
 TURNS = 60

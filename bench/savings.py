@@ -11,7 +11,7 @@ are the conversations alone, then `--join` of them joined into one long session.
 
 - proxy: `policies.compact` with the default policy of config.yaml and the mechanical digest
   (no LLM), applied statefully as the proxy does: the session's plan is replayed on every
-  request and a new compaction happens only at the compact level (proxy/compactor.py).
+  request and a new compaction happens only at the compact level (proxy/compaction/compactor.py).
   "proxy+anchors" adds the identifier patterns below as the policy's anchors; "proxy 85/45"
   is the default policy with the levels first proposed, compact_at 0.85 and target
   0.45 (fewer, larger compactions: more stable prefixes, less content kept).
@@ -56,8 +56,8 @@ from compaction import MODEL, budget_for, conditions, default_policy
 import policies
 from policies.message import Message, call_arguments, call_function, tool_calls, visible_text
 from proxy.config import Policy
-from proxy.recordings import joined
-from proxy.tokens import REPLY_PRIMING, TokenCounter, counter_for
+from proxy.models.tokens import REPLY_PRIMING, TokenCounter, counter_for
+from proxy.tools.recordings import joined
 from tests.fake_upstream import (
     ApiError,
     check_window,
@@ -92,7 +92,7 @@ class Method(Protocol):
 
 
 class Proxy:
-    """The proxy's request path (proxy/compactor.py) without the store and the network: replay
+    """The proxy's request path (proxy/compaction/compactor.py) without the store and the network: replay
     the session's plan while its prefix matches, compact at the compact level, to the target."""
 
     def __init__(self, name: str, policy: Policy, budget: policies.Budget, counter: TokenCounter):

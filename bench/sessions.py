@@ -51,7 +51,7 @@ from common import (
 from compaction import MODEL, budget_for, conditions, default_policy
 
 import policies
-from proxy.tokens import counter_for
+from proxy.models.tokens import counter_for
 from tests.fake_upstream import FakeUpstream
 
 WINDOW = 32_000

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_seconds, fake_upstream, machine, percentile, proxy
 from overhead import MODEL, SMALL, WINDOW, Client, Figures, proxy_config
 
-from proxy.sessions import session_key
-from proxy.store import RedisStore
+from proxy.sessions.sessions import session_key
+from proxy.sessions.store import RedisStore
 from tests.redis_servers import (
     free_port,
     make_certificates,

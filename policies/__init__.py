@@ -27,12 +27,13 @@ from policies.layers.trim_head import TrimHeadParams
 from policies.layers.truncate_tool_fields import TruncateToolFieldsParams
 from policies.message import Message, content_text
 from policies.pipeline import Compaction, compact, make_context, run_layer
-from policies.plan import Plan, header_message, render, render_entries
+from policies.plan import HEADINGS, Plan, header_message, render, render_entries
 from policies.policy import Policy
 from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest
 
 __all__ = [
     "DEFAULT_LAYERS",
+    "HEADINGS",
     "LAYERS",
     "Budget",
     "Chain",

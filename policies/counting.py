@@ -2,7 +2,7 @@
 audio and file parts (what needs no tokenizer).
 
 The proxy's implementation, with tiktoken and OpenAI's per-message formula, is
-`proxy/tokens.py`; the engine never imports a tokenizer.
+`proxy/models/tokens.py`; the engine never imports a tokenizer.
 """
 
 from __future__ import annotations

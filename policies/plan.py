@@ -19,6 +19,8 @@ DIGEST_HEADING = (
     "were removed to fit the context window.]"
 )
 ANCHOR_HEADING = "[Kept verbatim from removed messages:]"
+# How each message the engine writes begins (the header of a compacted view).
+HEADINGS = (SUMMARY_HEADING, DIGEST_HEADING, ANCHOR_HEADING)
 
 
 @dataclass(frozen=True)

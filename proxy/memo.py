@@ -1,8 +1,12 @@
-"""A bounded memo keyed by content, for work repeated on every turn of a conversation.
+"""Bounded memory a process keeps for itself: memos keyed by content, and per-session figures.
 
+A memo serves work repeated on every turn of a conversation.
 Clients resend the whole history each turn, so per-message work (token counts, hashes) is
 memoised by the message's content: a fast 64-bit hash of its JSON (of the client's own bytes
 of it, when the dialect kept them), cheap to build and keep.
+
+Per-session figures (calibration, exact counts, prompt-cache figures not yet written) are
+each bounded in number by `store.max_sessions`, oldest out (`make_room`).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from policies.chain import message_digest
+from proxy.config import Store
 
 V = TypeVar("V")
+DEFAULT_MAX_SESSIONS = Store.max_sessions
 
 
 def content_keys(values: Sequence[Any]) -> list[int]:
@@ -137,3 +143,9 @@ class MessageDigests:
     def __call__(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
         """The digests of `messages`, whose `content_keys` are `keys`."""
         return self.memo.each(messages, message_digest, keys)
+
+
+def make_room(entries: dict[str, Any], key: str, max_sessions: int) -> None:
+    """Before `key` is put in `entries`: if it is new and they are full, the oldest goes."""
+    if key not in entries and len(entries) >= max_sessions:
+        del entries[next(iter(entries))]

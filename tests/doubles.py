@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import policies
+from proxy.compaction.turn import ClientRequest
 from proxy.errors import StoreUnavailable
-from proxy.store import MemoryStore
-from proxy.turn import ClientRequest
+from proxy.sessions.store import MemoryStore
 
 
 class FakeSummarizer:

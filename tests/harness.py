@@ -20,7 +20,7 @@ import redis
 from policies import Budget
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from proxy.config import Config
-from proxy.state import Prepared, SessionState
+from proxy.sessions.state import Prepared, SessionState
 from tests.conftest import config_for, merged, metric
 from tests.conversations import words
 from tests.fake_upstream import FakeUpstream, SummaryResult

@@ -23,8 +23,8 @@ import openai
 
 from policies import Message, Policy, tool_pair_problems
 from policies.message import visible_text
-from proxy import recordings
-from proxy.replay import stable
+from proxy.tools import recordings
+from proxy.tools.replay import stable
 from tests.conftest import config_for
 from tests.conversations import load_traces
 from tests.fake_upstream import (

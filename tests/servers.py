@@ -11,8 +11,8 @@ from types import TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
-from proxy.app import create_app, server_config
 from proxy.config import Config
+from proxy.server.app import create_app, server_config
 
 
 def proxy_server(config: Config, **kwargs: object) -> ServerThread:

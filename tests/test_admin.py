@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from proxy.config import Auth
-from proxy.tenants import Tenants
+from proxy.server.tenants import Tenants
 from tests.harness import ADMIN_TOKEN, harness, prepare_ahead
 
 UNKNOWN = "0" * 32

@@ -12,8 +12,9 @@ import openai
 import pytest
 
 from proxy.config import Auth, Config, ConfigError, load
-from proxy.sessions import session_id
-from proxy.tenants import Tenants, hash_key
+from proxy.credentials import hash_key
+from proxy.server.tenants import Tenants
+from proxy.sessions.sessions import session_id
 from tests.conftest import ConfigFactory, config_for
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server

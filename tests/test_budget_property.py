@@ -16,15 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.app import Proxy
+from proxy.compaction.turn import ClientRequest
 from proxy.config import Config
-from proxy.dialects.chat import Chat
+from proxy.dialects.openai.chat import Chat
 from proxy.errors import ContextLengthExceeded
-from proxy.metrics import Metrics
-from proxy.store import MemoryStore
-from proxy.tokens import counter_for
-from proxy.turn import ClientRequest
-from proxy.upstream import UpstreamClient
+from proxy.models.tokens import counter_for
+from proxy.observability.metrics import Metrics
+from proxy.server.app import Proxy
+from proxy.sessions.store import MemoryStore
+from proxy.upstream.client import UpstreamClient
 from tests.conftest import config_for
 from tests.conversations import words
 from tests.fake_upstream import FakeUpstream

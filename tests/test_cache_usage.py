@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.app import Proxy
-from proxy.cache_usage import CacheFigures, CacheLedger, CacheUsage
 from proxy.config import loads
 from proxy.dialects import Usage
-from proxy.metrics import Metrics
-from proxy.store import MemoryStore
-from proxy.upstream import UpstreamClient
+from proxy.observability.metrics import Metrics
+from proxy.server.app import Proxy
+from proxy.sessions.cache_usage import CacheFigures, CacheLedger, CacheUsage
+from proxy.sessions.store import MemoryStore
+from proxy.upstream.client import UpstreamClient
 from tests.conversations import words
 from tests.fake_anthropic import FakeAnthropic
 from tests.harness import ADMIN_TOKEN, MODEL, SESSION_HEADER, harness

@@ -3,7 +3,7 @@ proxy's estimate is far off for, and never lets an exactly counted prompt over i
 
 from __future__ import annotations
 
-from proxy.calibration import MAX_RATIO, Calibration
+from proxy.models.calibration import MAX_RATIO, Calibration
 from tests.harness import harness
 
 IMAGE = {"type": "image_url", "image_url": {"url": "https://x.test/photo.png"}}

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.cli import main
+from proxy.tools.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = Path(sys.executable).parent / "compaction-proxy"

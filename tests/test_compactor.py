@@ -15,18 +15,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.ahead import PreparedSummaries
-from proxy.calibration import Calibration
-from proxy.compactor import Compactor
+from proxy.compaction.compactor import Compactor
+from proxy.compaction.prepared import PreparedSummaries
+from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, loads
-from proxy.dialects.chat import Chat
+from proxy.dialects.openai.chat import Chat
 from proxy.errors import ContextLengthExceeded, StoreUnavailable
-from proxy.limits import ModelLimits
-from proxy.metrics import Metrics
-from proxy.sessions import Sessions
-from proxy.state import SessionState
-from proxy.store import MemoryStore
-from proxy.turn import ClientRequest
+from proxy.models.calibration import Calibration
+from proxy.models.limits import ModelLimits
+from proxy.observability.metrics import Metrics
+from proxy.sessions.sessions import Sessions
+from proxy.sessions.state import SessionState
+from proxy.sessions.store import MemoryStore
 from tests.doubles import FailingStore, FakeSummarizer
 from tests.harness import history, said
 

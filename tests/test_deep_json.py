@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.dialects.openai import MAX_DEPTH
+from proxy.dialects.json_checks import MAX_DEPTH
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread
 

@@ -328,6 +328,6 @@ def test_the_build_context_matcher_reads_dockerignore_as_docker_does() -> None:
     excluded = dockerignore_matcher("*\n!proxy/\n**/__pycache__\n!requirements*.lock\n")
     assert excluded("requirements/runtime.txt")  # the old defect: a folder the lock moved into
     assert not excluded("requirements.lock")
-    assert not excluded("proxy/app.py")
+    assert not excluded("proxy/server/app.py")
     assert excluded("proxy/__pycache__/app.cpython-311.pyc")
     assert excluded(".venv/bin/python") and excluded("README.md")

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from proxy.config import Config, ConfigError, loads
-from proxy.dialects.messages import COUNT_FIELDS, Messages
-from proxy.limits import ModelLimits
+from proxy.dialects.anthropic.messages import COUNT_FIELDS, Messages
+from proxy.models.limits import ModelLimits
 from tests.conftest import merged, metric
 from tests.conversations import words
 from tests.fake_anthropic import FakeAnthropic

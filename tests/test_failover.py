@@ -31,9 +31,9 @@ import openai
 import orjson
 import pytest
 
-from proxy.metrics import Metrics
-from proxy.sessions import Sessions, session_key
-from proxy.store import RedisStore
+from proxy.observability.metrics import Metrics
+from proxy.sessions.sessions import Sessions, session_key
+from proxy.sessions.store import RedisStore
 from tests.conversations import view_problems
 from tests.harness import (
     MODEL,

@@ -14,9 +14,9 @@ from typing import Literal
 
 import pytest
 
-from proxy import http1
 from proxy.errors import StreamBroken
-from proxy.http1 import (
+from proxy.upstream import http1
+from proxy.upstream.http1 import (
     _HIGH_WATER,
     MAX_HEAD,
     BadAnswer,

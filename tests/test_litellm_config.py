@@ -13,12 +13,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.cli import main
+import policies
 from proxy.config import PROVIDER_PARAMS, ConfigError, loads
 from proxy.errors import InvalidRequest
-from proxy.limits import ModelLimits
-from proxy.litellm_setup import check_providers
-from proxy.litellm_transport import IGNORED_FIELDS, REQUEST_FIELDS, LiteLLMTransport, cache_marked
+from proxy.models.limits import ModelLimits
+from proxy.tools.cli import main
+from proxy.upstream.litellm_setup import check_providers
+from proxy.upstream.litellm_transport import (
+    IGNORED_FIELDS,
+    REQUEST_FIELDS,
+    LiteLLMTransport,
+    cache_marked,
+)
 from tests.conversations import words
 from tests.litellm_fakes import python
 
@@ -168,7 +174,7 @@ def test_the_documented_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_config_without_litellm_does_not_import_it() -> None:
     code = (
         "import sys\n"
-        "from proxy.app import create_app\n"
+        "from proxy.server.app import create_app\n"
         "from proxy.config import loads\n"
         "app = create_app(loads('upstreams: {o: {base_url: \"http://127.0.0.1:9/v1\"}}'))\n"
         "print('litellm' in sys.modules)\n"
@@ -179,7 +185,7 @@ def test_a_config_without_litellm_does_not_import_it() -> None:
 
 # -- what reaches litellm -------------------------------------------------------------------------
 
-TRANSPORT = LiteLLMTransport(loads(CLAUDE + "    api_key: k\n"))
+TRANSPORT = LiteLLMTransport(loads(CLAUDE + "    api_key: k\n"), policies.HEADINGS)
 UPSTREAM = TRANSPORT.config.upstreams["claude"]
 FIXED = {"model", "api_key", "api_base", "timeout", "num_retries", "max_retries", "drop_params"}
 names = st.sampled_from(sorted(REQUEST_FIELDS | IGNORED_FIELDS)) | st.text(min_size=1, max_size=12)
@@ -214,7 +220,7 @@ def test_cache_marks_go_on_the_stable_prefix_only(messages: list[Any], header_at
     if header_at < len(messages):
         messages[header_at] = {"role": "user", "content": f"{SUMMARY_HEADING}\n{words(5, 1)}"}
     before = orjson.dumps(messages)
-    marked = cache_marked(messages)
+    marked = cache_marked(messages, policies.HEADINGS)
     assert orjson.dumps(messages) == before  # the request's own messages are untouched
     indices = [i for i, m in enumerate(marked) if "cache_control" in m]
     assert len(indices) <= 2

@@ -18,7 +18,7 @@ from langchain_core.messages.utils import convert_to_openai_messages
 from policies import Message, Policy
 from policies.message import visible_text
 from policies.plan import SUMMARY_HEADING
-from proxy.recordings import client_requests
+from proxy.tools.recordings import client_requests
 from tests.conversations import ANCHOR, view_problems, words
 from tests.replay import (
     JOIN,

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import policies
+from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
+from proxy.dialects.anthropic.breakpoints import with_breakpoints
+from proxy.dialects.anthropic.messages import Messages, user_id_session
 from proxy.dialects.base import Parsed
-from proxy.dialects.blocks import rebuilt, thinking_turn
-from proxy.dialects.breakpoints import with_breakpoints
-from proxy.dialects.messages import Messages, user_id_session
 from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
-from proxy.tokens import counter_for
+from proxy.models.tokens import counter_for
 from tests.conversations import words as plain_words
 from tests.fake_anthropic import AnthropicError, FakeAnthropic
 from tests.test_raw_items import written

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import metrics
 from proxy.config import loads
-from proxy.labels import MAX_MODELS, OTHER, ModelLabels
-from proxy.models import ModelCatalog
-from proxy.tenants import hash_key
+from proxy.credentials import hash_key
+from proxy.models.catalog import ModelCatalog
+from proxy.observability import metrics
+from proxy.observability.labels import MAX_MODELS, OTHER, ModelLabels
 from tests.conftest import ConfigFactory, metric
 from tests.fake_upstream import FakeUpstream, count_prompt_tokens
 from tests.harness import harness

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.models import MAP_FILE, ModelCatalog, ModelInfo
+from proxy.models.catalog import MAP_FILE, ModelCatalog, ModelInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ def test_missing_or_corrupt_map_warns_once(
     if content is not None:
         path.write_bytes(content)
     catalog = ModelCatalog(path)
-    with caplog.at_level(logging.WARNING, logger="proxy.models"):
+    with caplog.at_level(logging.WARNING, logger="proxy.models.catalog"):
         assert catalog.lookup("gpt-4o") == ModelInfo(None, None)
         assert catalog.lookup("gpt-4o-mini") == ModelInfo(None, None)
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
@@ -100,7 +100,7 @@ def test_missing_or_corrupt_map_warns_once(
 def test_does_not_import_litellm() -> None:
     code = (
         "import sys\n"
-        "from proxy.models import ModelCatalog\n"
+        "from proxy.models.catalog import ModelCatalog\n"
         "print(ModelCatalog().lookup('openai/gpt-4o').context_window, 'litellm' in sys.modules)\n"
     )
     run = subprocess.run(

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-import proxy.app  # noqa: F401  (every module: every error class)
+import proxy.server.app  # noqa: F401  (every module: every error class)
 from proxy import errors
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy/grafana/compaction-proxy.json"

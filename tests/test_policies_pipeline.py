@@ -27,7 +27,7 @@ from policies import (
 )
 from policies.message import visible_text
 from policies.plan import ANCHOR_HEADING
-from proxy.recordings import client_requests
+from proxy.tools.recordings import client_requests
 from tests.conversations import (
     ANCHOR,
     CharCounter,

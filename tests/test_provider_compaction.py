@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 
 from policies import Summary, tool_pair_problems
 from proxy.config import loads
-from proxy.dialects.responses import Responses
-from proxy.dialects.responses_compaction import PREFIX, CompactionSeal, expand, is_proxy_item
+from proxy.credentials import hash_key
+from proxy.dialects.openai.responses import Responses
+from proxy.dialects.openai.responses_compaction import PREFIX, CompactionSeal, expand, is_proxy_item
 from proxy.errors import InvalidRequest
-from proxy.provider_compaction import ACTION, may_hold_items
-from proxy.tenants import hash_key
+from proxy.server.provider_compaction import ACTION, may_hold_items
 from tests.codex import Codex, codex_servers, echoed
 from tests.conftest import config_for, metric
 from tests.fake_hook import FakeHook

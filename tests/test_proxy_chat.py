@@ -14,7 +14,7 @@ import orjson
 import pytest
 import redis
 
-from proxy.logs import JsonFormatter
+from proxy.observability.logs import JsonFormatter
 from tests.conftest import SDK, ConfigFactory, metric
 from tests.fake_upstream import (
     FakeUpstream,

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from proxy.config import ConfigError, loads
-from proxy.dialects.openai import MAX_DEPTH
-from proxy.sessions import session_key
+from proxy.dialects.json_checks import MAX_DEPTH
+from proxy.sessions.sessions import session_key
 from tests.conftest import merged, metric
 from tests.conversations import words
 from tests.fake_anthropic import FakeAnthropic

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.dialects.chat import Chat
-from proxy.dialects.messages import _assembled, _canonical
+from proxy.dialects.anthropic.messages import _assembled, _canonical
+from proxy.dialects.openai.chat import Chat
+from proxy.dialects.openai.responses import _mapped
 from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownBodies, KnownItems
-from proxy.dialects.responses import _mapped
 from proxy.errors import InvalidRequest
 from proxy.memo import content_keys
 

@@ -21,11 +21,11 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.cli import main
 from proxy.config import Auth, load
-from proxy.recordings import Recorded, client_requests, joined
-from proxy.replay import Replay, Totals, with_window
-from proxy.tenants import Tenants
+from proxy.server.tenants import Tenants
+from proxy.tools.cli import main
+from proxy.tools.recordings import Recorded, client_requests, joined
+from proxy.tools.replay import Replay, Totals, with_window
 from tests.conversations import TRACES, conversations, load_traces
 from tests.fake_upstream import FakeUpstream, is_summary_request
 from tests.harness import ADMIN_TOKEN, harness

@@ -31,11 +31,11 @@ from policies import (
 from policies.conversation import current_turn, is_system
 from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING
 from proxy.dialects.base import Parsed
-from proxy.dialects.responses import Responses
-from proxy.dialects.responses_items import CALLS, OPAQUE_ITEM_TOKENS, OUTPUTS, item_type
+from proxy.dialects.openai.responses import Responses
+from proxy.dialects.openai.responses_items import CALLS, OPAQUE_ITEM_TOKENS, OUTPUTS, item_type
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.memo import content_keys
-from proxy.tokens import counter_for
+from proxy.models.tokens import counter_for
 from tests.conversations import words
 from tests.fake_upstream import validate_responses
 from tests.fake_upstream.responses_input import check_pairs

@@ -13,7 +13,7 @@ import re
 import httpx
 
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
-from proxy.summarizer import SUMMARY_HEADER, SYSTEM_PROMPT
+from proxy.compaction.summarizer import SUMMARY_HEADER, SYSTEM_PROMPT
 from tests.codex import (
     INSTRUCTIONS,
     REASONING_HEADROOM,

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import pytest
 
 from proxy.errors import StoreUnavailable
-from proxy.metrics import Metrics
-from proxy.sessions import Lock, Sessions, derived_session_id, session_id, session_key
-from proxy.state import SessionState
-from proxy.store import MemoryStore
+from proxy.observability.metrics import Metrics
+from proxy.sessions.sessions import Lock, Sessions, derived_session_id, session_id, session_key
+from proxy.sessions.state import SessionState
+from proxy.sessions.store import MemoryStore
 from tests.doubles import FailingStore
 
 KEY = session_key("tenant", "session")

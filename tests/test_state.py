@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import Chain, Plan, Summary
-from proxy.cache_usage import CacheFigures, CacheUsage
-from proxy.state import MAX_MEMORY, MAX_MEMORY_BYTES, Branch, Prepared, SessionState
+from proxy.sessions.cache_usage import CacheFigures, CacheUsage
+from proxy.sessions.state import MAX_MEMORY, MAX_MEMORY_BYTES, Branch, Prepared, SessionState
 from tests.conversations import conversations
 
 text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)

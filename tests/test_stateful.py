@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from policies import Chain
-from proxy.state import SessionState
+from proxy.sessions.state import SessionState
 from tests.fake_upstream import ApiError, check_window
 from tests.harness import (
     MODEL,

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from proxy.errors import StoreUnavailable
-from proxy.sessions import session_key
-from proxy.store import MemoryStore, Record, RedisStore, SessionStore, open_store
+from proxy.sessions.sessions import session_key
+from proxy.sessions.store import MemoryStore, Record, RedisStore, SessionStore, open_store
 from tests.redis_servers import free_port, redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -15,8 +15,8 @@ from redis.crc import key_slot
 from proxy.config import ConfigError, loads
 from proxy.config.store_url import TLS, InvalidStoreURL, StoreURL, masked_url, parse_store_url
 from proxy.errors import StoreUnavailable
-from proxy.sessions import session_key
-from proxy.store import MemoryStore, RedisStore, open_store
+from proxy.sessions.sessions import session_key
+from proxy.sessions.store import MemoryStore, RedisStore, open_store
 from tests.redis_servers import Certificates, free_port, redis_server
 
 SECRET = "hunter2-do-not-print"

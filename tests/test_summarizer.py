@@ -15,7 +15,7 @@ import pytest
 
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from policies.summary import TAIL_HEADING
-from proxy.summarizer import SYSTEM_PROMPT
+from proxy.compaction.summarizer import SYSTEM_PROMPT
 from tests.conversations import words
 from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
 from tests.harness import (

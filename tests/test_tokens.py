@@ -22,7 +22,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tokens import TokenCounter, configure_offline_encodings, counter_for
+from proxy.models.tokens import TokenCounter, configure_offline_encodings, counter_for
 from tests.openai_examples import COOKBOOK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -429,7 +429,7 @@ def test_tiktoken_alone_cannot_load_here(tmp_path: Path) -> None:
 def test_counts_offline_without_importing_litellm(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
-        "from proxy.tokens import counter_for\n"
+        "from proxy.models.tokens import counter_for\n"
         "print(counter_for('gpt-4o').text('tiktoken is great!'), counter_for('gpt-4').name)\n"
         "print('litellm' in sys.modules, os.environ['TIKTOKEN_CACHE_DIR'])\n"
     )

@@ -14,10 +14,9 @@ from pathlib import Path as FilePath
 from typing import Any
 
 import policies
-
-from .checks import check
-from .decoder import ConfigError, Path, Source, build, load_yaml
-from .schema import (
+from proxy.config.checks import check
+from proxy.config.decoder import ConfigError, Path, Source, build, load_yaml
+from proxy.config.schema import (
     DIALECTS,
     DIALECTS_BY_KIND,
     PROVIDER_PARAMS,

@@ -11,9 +11,9 @@ import ipaddress
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from .decoder import Path, Source
-from .schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
-from .store_url import InvalidStoreURL, parse_store_url
+from proxy.config.decoder import Path, Source
+from proxy.config.schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
+from proxy.config.store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]
 MIN_SIGNING_KEY = 32  # characters of a compaction item signing key: 128 bits and more

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from ..errors import ProxyError
+from proxy.errors import ProxyError
 
 T = TypeVar("T")
 Path = tuple[str | int, ...]

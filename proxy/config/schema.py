@@ -11,9 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import policies
-
-from ..errors import ProxyError
-from .store_url import masked_url
+from proxy.config.store_url import masked_url
+from proxy.errors import ProxyError
 
 Dialect = Literal["chat", "responses", "messages"]
 """A wire format the proxy accepts: chat completions (/v1/chat/completions), the Responses

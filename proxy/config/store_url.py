@@ -22,7 +22,7 @@ import typing
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import ProxyError
+from proxy.errors import ProxyError
 
 Kind = Literal["memory", "redis", "cluster", "sentinel"]
 CertReqs = Literal["required", "optional", "none"]

@@ -3,11 +3,11 @@
 A new wire format is one new module here with a `Dialect` subclass, added to `DIALECTS`.
 """
 
-from ..config import DIALECTS_BY_KIND
-from .base import Dialect, Entries, Parsed, Usage
-from .chat import Chat
-from .messages import Messages
-from .responses import Responses
+from proxy.config import DIALECTS_BY_KIND
+from proxy.dialects.anthropic.messages import Messages
+from proxy.dialects.base import Dialect, Entries, Parsed, Usage
+from proxy.dialects.openai.chat import Chat
+from proxy.dialects.openai.responses import Responses
 
 DIALECTS: tuple[Dialect, ...] = (Chat(), Responses(), Messages())
 _BY_NAME = {dialect.name: dialect for dialect in DIALECTS}

@@ -18,12 +18,11 @@ import orjson
 from starlette.responses import Response
 
 from policies import Message
-
-from ..errors import APIError
-from ..tokens import TokenCounter
+from proxy.errors import APIError
+from proxy.models.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from .raw_items import ItemBytes
+    from proxy.dialects.raw_items import ItemBytes
 
 Entries = Sequence[tuple[int | None, Message]]
 

@@ -23,8 +23,8 @@ from typing import Any, NamedTuple, overload
 import msgspec
 import orjson
 
-from ..memo import Memo
-from .openai import MAX_DEPTH, nests_within
+from proxy.dialects.json_checks import MAX_DEPTH, nests_within
+from proxy.memo import Memo
 
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])

@@ -1,0 +1,107 @@
+"""One request as compaction sees it: who asked, in which session, and the facts every
+compaction decision of that request is made from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import policies
+from proxy.config import Policy, Upstream
+from proxy.dialects import Dialect, Entries, Parsed
+from proxy.models.limits import Limits
+from proxy.sessions.sessions import Loaded, session_key
+from proxy.sessions.state import Branch
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClientRequest:
+    """A client's request, read by its dialect and routed."""
+
+    dialect: Dialect
+    parsed: Parsed
+    tenant: str
+    session: str
+    policy: Policy
+    upstream: Upstream
+    # The client's credential headers (and those its API's calls need, such as
+    # anthropic-version), for this request's own summary only; never stored.
+    credentials: tuple[tuple[str, str], ...]
+    window: int | None = None  # the context window the request's own headers open
+    # The request's headers as they go upstream (the proxy's own dropped), for its exact
+    # count call (the credential, anthropic-version and -beta); never stored.
+    headers: tuple[tuple[str, str], ...] = ()
+    # Compaction is computed, stored and reported, but the client's bytes go upstream.
+    shadow: bool = False
+
+    # The session's store key (`session_key`), made once: every step of the request uses it.
+    key: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", session_key(self.tenant, self.session))
+
+    @property
+    def messages(self) -> list[policies.Message]:
+        return self.parsed.messages
+
+
+@dataclasses.dataclass
+class Turn:
+    """Everything one request's compaction decisions are made from."""
+
+    request: ClientRequest
+    limits: Limits
+    budget: policies.Budget
+    fixed: int  # tokens outside the conversation (tools, instructions)
+    counts: list[int]  # tokens of each message of the request
+    chain: policies.Chain
+    loaded: Loaded
+    branch: Branch | None
+
+    @property
+    def plan(self) -> policies.Plan:
+        return self.branch.plan if self.branch else policies.Plan()
+
+    @property
+    def tokens_before(self) -> int:
+        return self.fixed + sum(self.counts)
+
+    def tokens(self, entries: Entries) -> int:
+        """Tokens of the view `entries` (`policies.render_entries`); a message it shows as the
+        request has it is not counted again."""
+        messages, counts = self.request.messages, self.counts
+        message_tokens = self.limits.counter.message
+        total = self.fixed
+        for index, message in entries:
+            if index is not None and message is messages[index]:
+                total += counts[index]
+            else:
+                total += message_tokens(message)
+        return total
+
+    async def compact(
+        self,
+        summarizer: policies.Summarizer | None,
+        *,
+        target_tokens: int | None = None,
+        ahead_tokens: int = 0,
+        instructions: str | None = None,
+    ) -> policies.Compaction:
+        """The policy's layers over this request, from the branch's plan."""
+        return await policies.compact(
+            self.request.messages,
+            self.plan,
+            budget=self.budget,
+            policy=self.request.policy.compaction,
+            counter=self.limits.counter,
+            fixed_tokens=self.fixed,
+            message_tokens=self.counts,
+            summarizer=summarizer,
+            instructions=instructions,
+            target_tokens=target_tokens,
+            ahead_tokens=ahead_tokens,
+        )
+
+    def reload(self, loaded: Loaded) -> None:
+        """The session as read again (another request changed it meanwhile)."""
+        self.loaded = loaded
+        self.branch = loaded.state.branch(self.chain)

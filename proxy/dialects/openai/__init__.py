@@ -1,0 +1,1 @@
+"""OpenAI's two APIs: chat completions and the Responses API."""

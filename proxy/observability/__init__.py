@@ -1,0 +1,1 @@
+"""What the proxy says of itself: Prometheus metrics, their bounded labels, and JSON logs."""

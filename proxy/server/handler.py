@@ -1,0 +1,349 @@
+"""The request path, the same for every wire format (dialect).
+
+Read, identify (tenant, session), route, compact (proxy.compactor), forward, relay the answer
+unchanged. Before any byte has gone to the client, an upstream answer that says the prompt is
+over the window is retried once, compacted harder (the reactive path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from proxy.compaction.compactor import SHADOW_HEADER, Compactor, Forward, shown_action
+from proxy.compaction.turn import ClientRequest
+from proxy.config import Config, NoRoute, Policy, Upstream
+from proxy.dialects import Dialect, Parsed, Usage
+from proxy.errors import InvalidRequest, StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from proxy.observability.labels import ModelLabels
+from proxy.observability.metrics import Metrics, RequestLabels
+from proxy.server.incoming import query_string, read_body
+from proxy.server.relay import Relay
+from proxy.server.tenants import Tenants
+from proxy.sessions.sessions import session_id
+from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, relayable
+
+log = logging.getLogger("compaction_proxy")
+
+SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+_SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+_SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
+
+
+class Handler:
+    """`POST` of one dialect's path."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: Config,
+        tenants: Tenants,
+        own_headers: frozenset[str],
+        client: UpstreamClient,
+        compactor: Compactor,
+        metrics: Metrics,
+        models: ModelLabels,
+    ) -> None:
+        self.dialect = dialect
+        self.config = config
+        self.tenants = tenants
+        self.client = client
+        self.compactor = compactor
+        self.metrics = metrics
+        self.models = models
+        # The upstream is asked for an identity body so that `usage` can be read on the way
+        # while the bytes are relayed unchanged.
+        self.drop_headers = own_headers | {"accept-encoding"}
+        # What the request's own summary call carries: the credential, and its API's headers.
+        self.carried = CREDENTIAL_HEADERS | dialect.call_headers.keys()
+
+    async def __call__(self, request: Request) -> ASGIApp:
+        started = time.perf_counter()
+        headers = request.headers
+        tenant = self.tenants.tenant(headers)
+        raw = await read_body(request, self.config.listen.max_body_bytes)
+        parsed = self.dialect.parse(raw)
+        client_request = self.client_request(headers, tenant, parsed)
+        upstream = client_request.upstream
+        labels = self.labels(client_request)
+        forward = await self.compactor.prepare(client_request)
+        if parsed.opaque_reason is not None:
+            self.metrics.held_upstream.labels(*labels, parsed.opaque_reason).inc()
+            log.debug(
+                "history held upstream: forwarded unchanged",
+                extra={"api": self.dialect.name, "reason": parsed.opaque_reason},
+            )
+        send_headers = [*client_request.headers, ("Accept-Encoding", "identity")]
+        query = query_string(request)
+        path = self.dialect.upstream_path
+        overhead = time.perf_counter() - started
+        self.metrics.overhead.labels(*labels).observe(overhead)
+
+        def send(forward: Forward) -> Awaitable[UpstreamResponse]:
+            return self.client.open(
+                upstream,
+                "POST",
+                path,
+                query,
+                send_headers,
+                forward.body,
+                reserved_output=forward.reserved_output,
+            )
+
+        sent = time.perf_counter()
+        response = await send(forward)
+        idle = upstream.timeouts.stream_idle
+        chunks = response.chunks(idle)
+        head = b""
+        if response.status >= 400 and forward.can_retry:
+            error = await response.read(idle)
+            if not self.dialect.is_overflow(response.status, error):
+                return self._finish(client_request, labels, forward, response, error, overhead)
+            overflow = True
+        elif parsed.stream and response.status == 200 and forward.can_retry:
+            head, overflow = await self._stream_head(response, chunks, upstream)
+        else:
+            overflow = False
+        if overflow:
+            # Reactive path: the counter under-estimated; compact harder and retry once,
+            # before any byte has gone to the client.
+            response.close()
+            head = b""
+            self.metrics.upstream_retries.labels(upstream.name, "overflow").inc()
+            forward = await self.compactor.retry_harder(client_request, forward)
+            response = await send(forward)
+            chunks = response.chunks(idle)
+        self.metrics.upstream_latency.labels(*labels).observe(time.perf_counter() - sent)
+
+        if parsed.stream and response.status == 200:
+            relayed = _after(head, chunks) if head else chunks
+            return self._relay(client_request, labels, forward, response, relayed, overhead)
+        try:
+            payload = await response.read(idle)
+        except StreamBroken as exc:
+            self.metrics.upstream_errors.labels(upstream.name, "broken_body").inc()
+            raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
+        return self._finish(client_request, labels, forward, response, payload, overhead)
+
+    async def count_tokens(self, request: Request) -> ASGIApp:
+        """The API's own count of a prompt (Anthropic's count_tokens) for what would be sent:
+        the session's view when the client names its session and the session has a plan for
+        this history, else the request as it is. Nothing is compacted or stored."""
+        headers = request.headers
+        tenant = self.tenants.tenant(headers)
+        raw = await read_body(request, self.config.listen.max_body_bytes)
+        parsed = self.dialect.parse(raw)
+        client_request = self.client_request(headers, tenant, parsed)
+        body, action = raw, "none"
+        if headers.get(self.config.sessions.header) or self.dialect.session_hint(headers, parsed):
+            entries = await self.compactor.view(client_request)
+            if entries is not None:
+                action = "replayed"
+                # Under shadow mode the client's request is what goes upstream: count it.
+                if not client_request.shadow:
+                    body = self.dialect.render(parsed, entries)
+        upstream = client_request.upstream
+        path = str(self.dialect.count_path).removeprefix("/v1")
+        query = query_string(request)
+        send_headers = list(client_request.headers)
+        response = await self.client.open(upstream, "POST", path, query, send_headers, body)
+        payload = await response.read(upstream.timeouts.stream_idle)
+        response.release()
+        route = f"{self.dialect.name}_count"
+        self.metrics.answered(route, response.status, self.labels(client_request))
+        shadow = client_request.shadow
+        own = [
+            ("x-compaction-session", client_request.key),
+            ("x-compaction-action", shown_action(action, shadow=shadow)),
+            *([SHADOW_HEADER] if shadow else []),
+        ]
+        return _response(payload, response.status, relayable(response.headers) + own)
+
+    def client_request(
+        self, headers: Mapping[str, str], tenant: str, parsed: Parsed
+    ) -> ClientRequest:
+        """The request routed, with its session and what its own summary call may carry."""
+        sessions = self.config.sessions
+        given = headers.items()
+        try:
+            policy, upstream = self.config.route(
+                self.dialect.name, parsed.model, headers.get(sessions.policy_header)
+            )
+        except NoRoute as exc:
+            raise InvalidRequest(str(exc), param="model") from None
+        return ClientRequest(
+            dialect=self.dialect,
+            parsed=parsed,
+            tenant=tenant,
+            session=session_id(
+                headers.get(sessions.header),
+                self.dialect.session_hint(headers, parsed),
+                parsed.messages,
+            ),
+            policy=policy,
+            upstream=upstream,
+            credentials=tuple(
+                (name, value)
+                for name, value in given
+                if name in self.carried and name not in self.drop_headers
+            ),
+            window=self.dialect.window(headers),
+            headers=tuple(relayable(given, self.drop_headers)),
+            shadow=self.shadow(headers.get(sessions.shadow_header), policy),
+        )
+
+    def shadow(self, value: str | None, policy: Policy) -> bool:
+        """Shadow mode as the request's header asks (on or off), else as its policy says."""
+        if value is None:
+            return policy.shadow
+        shadow = _SHADOW_VALUES.get(value.strip().lower())
+        if shadow is None:
+            raise InvalidRequest(
+                f"the {self.config.sessions.shadow_header} header must be 1 (shadow mode: "
+                "compaction computed and reported, the request forwarded unchanged) or 0, "
+                f"not {value[:40]!r}"
+            )
+        return shadow
+
+    def labels(self, request: ClientRequest) -> RequestLabels:
+        """The labels of the request's metrics."""
+        model = self.models.label(request.parsed.model, request.upstream)
+        return RequestLabels(self.dialect.name, request.policy.name, request.upstream.name, model)
+
+    def _headers(
+        self, forward: Forward, response: UpstreamResponse, overhead: float
+    ) -> list[tuple[str, str]]:
+        headers = relayable(response.headers)
+        headers += forward.headers()
+        headers.append(("x-compaction-overhead-ms", f"{overhead * 1000:.2f}"))
+        return headers
+
+    def _finish(
+        self,
+        request: ClientRequest,
+        labels: RequestLabels,
+        forward: Forward,
+        response: UpstreamResponse,
+        payload: bytes,
+        overhead: float,
+    ) -> Response:
+        response.release()
+        if response.status == 200:
+            self._calibrate(request, labels, forward, self.dialect.usage(payload))
+        self._count(labels, forward, response.status)
+        return _response(payload, response.status, self._headers(forward, response, overhead))
+
+    async def _stream_head(
+        self, response: UpstreamResponse, chunks: AsyncIterator[bytes], upstream: Upstream
+    ) -> tuple[bytes, bool]:
+        """The first bytes of a stream, read until the dialect can tell whether they report
+        an overflow (at once for APIs that never do), and its verdict."""
+        head = b""
+        verdict = self.dialect.stream_overflow(head)
+        try:
+            async with asyncio.timeout(upstream.timeouts.first_byte):
+                while verdict is None:
+                    chunk = await anext(chunks, b"")
+                    if not chunk:
+                        break
+                    head += chunk
+                    verdict = self.dialect.stream_overflow(head)
+        except TimeoutError:
+            response.close()
+            self.metrics.upstream_timeouts.labels(upstream.name, "first_byte").inc()
+            raise UpstreamTimeout(
+                f"upstream {upstream.name!r} sent no events within "
+                f"{upstream.timeouts.first_byte:g} s"
+            ) from None
+        except StreamBroken as exc:
+            response.close()
+            raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
+        return head, bool(verdict)
+
+    def _relay(
+        self,
+        request: ClientRequest,
+        labels: RequestLabels,
+        forward: Forward,
+        response: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
+        overhead: float,
+    ) -> Relay:
+        headers = [
+            h for h in self._headers(forward, response, overhead) if h[0].lower() not in _SSE_NAMES
+        ]
+        headers += SSE_HEADERS
+        parsed: Parsed = request.parsed
+        want_usage = self.dialect.wants_usage(parsed)
+
+        def on_end(head: bytes, tail: bytes, outcome: str) -> None:
+            response.release() if outcome == "complete" else response.close()
+            if outcome == "upstream_broken":
+                self.metrics.upstream_errors.labels(request.upstream.name, "broken_stream").inc()
+            if want_usage and outcome == "complete":
+                usage = self.dialect.stream_start_usage(head) or self.dialect.stream_usage(tail)
+                self._calibrate(request, labels, forward, usage)
+
+        self._count(labels, forward, response.status)
+        return Relay(response.status, headers, chunks, on_end)
+
+    def _calibrate(
+        self, request: ClientRequest, labels: RequestLabels, forward: Forward, usage: Usage | None
+    ) -> None:
+        """Calibrate the counter by the upstream's own count of what was forwarded, and count
+        what the upstream's prompt cache read and wrote."""
+        if usage is None:
+            return
+        self.compactor.count_cache(request, usage)
+        if request.parsed.opaque_reason is None:  # else the upstream counted unseen history
+            self.compactor.calibrate(request, forward, usage.prompt_tokens)
+        self.metrics.upstream_prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
+        # Counted where the usage reports them, a cache that missed as 0: a share of 0, not none.
+        if usage.cached_tokens is not None:
+            self.metrics.cached_prompt_tokens.labels(*labels).inc(usage.cached_tokens)
+        if usage.cache_creation_tokens is not None:
+            self.metrics.cache_creation_tokens.labels(*labels).inc(usage.cache_creation_tokens)
+
+    def _count(self, labels: RequestLabels, forward: Forward, status: int) -> None:
+        self.metrics.answered(labels.dialect, status, labels)
+        self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
+        if forward.shadow:
+            self.metrics.shadow_actions.labels(forward.action).inc()
+            saved = forward.tokens_before - forward.tokens_after
+            self.metrics.shadow_tokens_saved.inc(max(0, saved))
+        log.info(
+            "request forwarded",
+            extra={
+                "api": self.dialect.name,
+                "session": forward.session_hash[:16],
+                "status": status,
+                "action": forward.action,
+                "shadow": forward.shadow,
+                "store": forward.store,
+                "tokens_before": forward.tokens_before,
+                "tokens_after": forward.tokens_after,
+                "decisions": [dataclasses.asdict(d) for d in forward.decisions],
+            },
+        )
+
+
+def _response(payload: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
+    """A whole answer with exactly these headers (and its length)."""
+    out = Response(payload, status_code=status)
+    out.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    out.raw_headers.append((b"content-length", str(len(payload)).encode()))
+    return out
+
+
+async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`head`, then `chunks`: the bytes read ahead of the relay go out first."""
+    yield head
+    async for chunk in chunks:
+        yield chunk

@@ -1,0 +1,350 @@
+"""Per-session records: versioned, compare-and-set, and a single-flight lock.
+
+`MemoryStore` serves one process, `RedisStore` replicas sharing a Redis (one server, a
+Cluster, or a master behind Sentinels); both pass one contract suite (tests/test_store.py).
+Keys are `proxy.sessions.session_key` hashes, so raw client input never reaches the store,
+and the Redis keys of one session share a Redis Cluster hash tag. Every failure to answer is
+`StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Generic, Protocol, TypeVar
+
+from redis.typing import EncodableT
+
+from proxy.config.store_url import InvalidStoreURL, parse_store_url
+from proxy.errors import StoreUnavailable
+from proxy.sessions.redis_clients import connect
+
+log = logging.getLogger("compaction_proxy")
+
+T = TypeVar("T")
+
+_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    version: int
+    data: bytes
+
+
+class SessionStore(Protocol):
+    async def get(self, key: str) -> Record | None: ...
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
+    ) -> int | None:
+        """Write `data` as version `expected_version + 1` if the stored version is
+        `expected_version` (0: no record yet); the new version, or None on a conflict.
+
+        With `fence`, also None when a newer lock token than `fence` was issued for the key,
+        so a summarizer that lost its lock cannot overwrite. Every write (re)sets the TTL.
+        """
+
+    async def delete(self, key: str) -> None:
+        """Forget the record. The lock and the newest token stay until they expire, so a
+        summarizer still running stays fenced."""
+
+    async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
+        """A fencing token (strictly increasing per key), or None while someone holds it."""
+
+    async def release_lock(self, key: str, token: int) -> None:
+        """Release the lock, only if `token` still holds it."""
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+def open_store(
+    url: str,
+    *,
+    ttl_seconds: int,
+    key_prefix: str = "cp",
+    timeout_seconds: float = 0.5,
+    max_sessions: int = 10_000,
+) -> SessionStore:
+    """`memory://` -> MemoryStore; any Redis form (`proxy.config.store_url`) -> RedisStore."""
+    if parse_store_url(url).kind == "memory":
+        return MemoryStore(ttl_seconds=ttl_seconds, max_sessions=max_sessions)
+    return RedisStore(
+        url, ttl_seconds=ttl_seconds, key_prefix=key_prefix, timeout_seconds=timeout_seconds
+    )
+
+
+class _LRU(Generic[T]):
+    """Entries that expire by themselves, the least recently used out beyond `size`."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, tuple[T, float]] = OrderedDict()
+
+    def get(self, key: str, now: float) -> T | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item[1] <= now:
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: str, value: T, expires_at: float) -> None:
+        self._items[key] = (value, expires_at)
+        self._items.move_to_end(key)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self._items.pop(key, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lock:
+    token: int  # the newest token issued for the key
+    held_until: float  # 0 once released
+
+
+class MemoryStore:
+    """One process: bounded (least recently used out) and with expiry, like Redis."""
+
+    def __init__(self, *, ttl_seconds: float, max_sessions: int = 10_000) -> None:
+        _check_positive("ttl_seconds", ttl_seconds)
+        _check_positive("max_sessions", max_sessions)
+        self._ttl = ttl_seconds
+        self._records: _LRU[Record] = _LRU(max_sessions)
+        self._locks: _LRU[_Lock] = _LRU(max_sessions)
+        # One counter for all keys: a token stays above every older one of its key even after
+        # the key's lock entry was evicted.
+        self._tokens = itertools.count(1)
+
+    async def get(self, key: str) -> Record | None:
+        _check_key(key)
+        return self._records.get(key, time.monotonic())
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
+    ) -> int | None:
+        _check_key(key)
+        now = time.monotonic()
+        lock = self._locks.get(key, now)
+        if fence is not None and lock is not None and lock.token > fence:
+            return None
+        current = self._records.get(key, now)
+        if (current.version if current else 0) != expected_version:
+            return None
+        record = Record(expected_version + 1, bytes(data))
+        self._records.put(key, record, now + self._ttl)
+        if lock is not None:
+            self._locks.put(key, lock, max(now + self._ttl, lock.held_until))
+        return record.version
+
+    async def delete(self, key: str) -> None:
+        _check_key(key)
+        self._records.pop(key)
+
+    async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
+        _check_key(key)
+        _check_positive("ttl_seconds", ttl_seconds)
+        now = time.monotonic()
+        lock = self._locks.get(key, now)
+        if lock is not None and lock.held_until > now:
+            return None
+        lock = _Lock(next(self._tokens), now + ttl_seconds)
+        self._locks.put(key, lock, now + max(self._ttl, ttl_seconds))
+        return lock.token
+
+    async def release_lock(self, key: str, token: int) -> None:
+        _check_key(key)
+        now = time.monotonic()
+        lock = self._locks.get(key, now)
+        if lock is not None and lock.token == token and lock.held_until > now:
+            self._locks.put(key, _Lock(token, 0.0), now + self._ttl)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+# KEYS: state, fence. ARGV: expected version, data, TTL ms, fence token or "".
+_COMPARE_AND_SET = """
+if ARGV[4] ~= '' and tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[4]) then
+  return 0
+end
+local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if version ~= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'v', version + 1, 'd', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return version + 1
+"""
+
+# KEYS: lock, fence. ARGV: lock TTL ms, fence TTL ms.
+# A token is the master's clock in microseconds, or the newest token + 1 when that is not
+# above it: a failover that loses the newest writes to the fence cannot hand a token out again
+# (as long as the new master's clock is no further behind than the failover took).
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local time = redis.call('TIME')
+local now = time[1] .. string.format('%06d', tonumber(time[2]))
+local newest = redis.call('GET', KEYS[2])
+local token = now
+if newest and tonumber(newest) >= tonumber(now) then
+  token = redis.call('INCR', KEYS[2])
+else
+  redis.call('SET', KEYS[2], now)
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+return tonumber(token)
+"""
+
+# KEYS: lock. ARGV: token.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisStore:
+    """Redis (redis-py asyncio): keys `{prefix}:{<key>}:state|lock|fence`, every one with a TTL.
+
+    Every error or timeout becomes StoreUnavailable, and opens a backoff during which calls
+    fail at once: a dead Redis slows a request down at most once per backoff period. At most
+    `max_connections` calls run at once; the others wait for their turn within the timeout.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_seconds: float,
+        key_prefix: str = "cp",
+        timeout_seconds: float = 0.5,
+        backoff_seconds: float = 1.0,
+        max_connections: int = 64,
+    ) -> None:
+        _check_positive("ttl_seconds", ttl_seconds)
+        _check_positive("timeout_seconds", timeout_seconds)
+        if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+            raise ValueError("store key prefix must be non-empty and without braces")
+        endpoint = parse_store_url(url)
+        if endpoint.kind == "memory":
+            raise InvalidStoreURL("a Redis store needs a Redis URL")
+        self._connected = connect(
+            endpoint, timeout_seconds=timeout_seconds, max_connections=max_connections
+        )
+        self._redis = self._connected.client
+        # The cluster client raises when a node's connections are all in use: calls queue here.
+        self._slots = asyncio.Semaphore(max_connections)
+        self._prefix = key_prefix
+        self._ttl_ms = _milliseconds(ttl_seconds)
+        self._timeout = timeout_seconds
+        self._backoff = backoff_seconds
+        self._down_until = 0.0
+        self._compare_and_set = self._redis.register_script(_COMPARE_AND_SET)
+        self._acquire = self._redis.register_script(_ACQUIRE)
+        self._release = self._redis.register_script(_RELEASE)
+
+    def _keys(self, key: str) -> tuple[str, str, str]:
+        _check_key(key)
+        tagged = f"{self._prefix}:{{{key}}}"
+        return f"{tagged}:state", f"{tagged}:lock", f"{tagged}:fence"
+
+    async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
+        now = time.monotonic()
+        if now < self._down_until:
+            raise StoreUnavailable("session store unavailable (failing fast after an error)")
+        try:
+            async with asyncio.timeout(self._timeout), self._slots:
+                await self._connected.ready()
+                return await call()
+        except Exception as exc:  # a client's own bug must not fail the request either
+            if self._down_until <= now:
+                log.warning(
+                    "session store unavailable, failing fast for %.1f s",
+                    self._backoff,
+                    extra={"error": type(exc).__name__},
+                )
+            self._down_until = time.monotonic() + self._backoff
+            raise StoreUnavailable(f"session store unavailable ({type(exc).__name__})") from exc
+
+    async def get(self, key: str) -> Record | None:
+        state, _, _ = self._keys(key)
+        version, data = await self._run(lambda: self._redis.hmget(state, ["v", "d"]))
+        if version is None or data is None:
+            return None
+        return Record(int(version), data.encode() if isinstance(data, str) else data)
+
+    async def compare_and_set(
+        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
+    ) -> int | None:
+        state, _, fence_key = self._keys(key)
+        args: list[EncodableT] = [
+            expected_version,
+            data,
+            self._ttl_ms,
+            "" if fence is None else fence,
+        ]
+        version = await self._run(lambda: self._compare_and_set([state, fence_key], args))
+        return int(version) or None
+
+    async def delete(self, key: str) -> None:
+        state, _, _ = self._keys(key)
+        await self._run(lambda: self._redis.delete(state))
+
+    async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
+        _, lock, fence_key = self._keys(key)
+        lock_ms = _milliseconds(ttl_seconds)
+        args = [lock_ms, max(lock_ms, self._ttl_ms)]
+        token = await self._run(lambda: self._acquire([lock, fence_key], args))
+        return int(token) or None
+
+    async def release_lock(self, key: str, token: int) -> None:
+        _, lock, _ = self._keys(key)
+        await self._run(lambda: self._release([lock], [token]))
+
+    async def ping(self) -> bool:
+        try:
+            await self._run(self._connected.ping)
+        except StoreUnavailable:
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self._connected.close()
+
+
+def _check_key(key: str) -> None:
+    if not _KEY.fullmatch(key):
+        raise ValueError("store keys are session_key() hashes")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be positive")
+
+
+def _milliseconds(seconds: float) -> int:
+    _check_positive("ttl_seconds", seconds)
+    return max(1, round(seconds * 1000))
