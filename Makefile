@@ -5,19 +5,27 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: serve test lint bench docker-smoke lock
 
 # Every dependency comes hash-pinned from the lock (requirements/, made by requirements/lock);
 # the project itself then goes in with no dependencies of its own and its pinned build backend.
-$(STAMP): pyproject.toml requirements/dev.txt
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
+# Serving needs only the runtime pins; the tests add the dev pins (the same versions) on top.
+$(RUNTIME): pyproject.toml requirements/runtime.txt requirements/build.txt
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "compaction-proxy needs Python 3.11 or later: make PY=python3.11 ..." >&2; exit 1; }
+	@$(PY) -m venv $(VENV) || { echo "python3 -m venv failed: on Debian/Ubuntu, apt install python3-venv (or python3.11-venv)" >&2; exit 1; }
+	$(BIN)/pip install -q --require-hashes -r requirements/runtime.txt -r requirements/build.txt
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME) requirements/dev.txt
+	$(BIN)/pip install -q --require-hashes -r requirements/dev.txt
 	touch $(STAMP)
 
-serve: $(STAMP)
+serve: $(RUNTIME)
 	$(BIN)/compaction-proxy serve --config config.yaml
 
 lint: $(STAMP)
