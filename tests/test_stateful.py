@@ -340,9 +340,12 @@ def test_calibration_corrects_an_estimated_count() -> None:
             headers = chat.say(numbers(turn))
             if headers["x-compaction-action"] == "compacted":
                 break
-        # The estimate alone had not reached the compaction level, the upstream's count had.
-        estimated = int(headers["x-compaction-tokens-before"])
-        assert estimated < budget.compact_tokens <= chat.usage[-2] * 1.2
+        # The estimate alone had not reached the compaction level, the upstream's count had;
+        # the headers say the count the decision used (the upstream's), and the ratio.
+        ratio = float(headers["x-compaction-count-ratio"])
+        decided = int(headers["x-compaction-tokens-before"])
+        assert decided / ratio < budget.compact_tokens <= decided
+        assert chat.usage[-2] < decided <= chat.usage[-2] * 1.2
         # Compacted down to the target in the upstream's own tokens, so the next turns replay.
         assert chat.usage[-1] <= budget.target_tokens * 1.1
         for _ in range(3):

@@ -51,6 +51,9 @@ class Forward:
     # Shadow mode: the action and tokens are what the proxy would have done and sent; the
     # body is the client's own.
     shadow: bool = False
+    # The tokens above are the counter's; the decision took the upstream's to be `ratio`
+    # times them (calibration, or an exact count), and so do the headers.
+    ratio: float = 1.0
 
     @property
     def applied(self) -> str:
@@ -67,10 +70,12 @@ class Forward:
             ("x-compaction-session", self.session_hash),
             ("x-compaction-action", shown_action(self.action, shadow=self.shadow)),
             ("x-compaction-store", self.store),
-            ("x-compaction-tokens-before", str(self.tokens_before)),
-            ("x-compaction-tokens-after", str(self.tokens_after)),
+            ("x-compaction-tokens-before", str(round(self.tokens_before * self.ratio))),
+            ("x-compaction-tokens-after", str(round(self.tokens_after * self.ratio))),
             ("x-compaction-window-source", self.window_source),
         ]
+        if self.ratio != 1.0:
+            headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
         if not self.anchors_complete:
             headers.append(("x-compaction-anchors", "truncated"))
         if self.shadow:
@@ -131,6 +136,7 @@ class Compactor:
             ratio = await self.exact_counts.ratio(turn, unchanged.body, unchanged.tokens_sent)
             if ratio is not None:
                 turn.budget = self._budget(turn.request, turn.limits, ratio)
+                turn.ratio = ratio
                 status = turn.budget.status(tokens)
         if status == "compact" or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
@@ -174,7 +180,7 @@ class Compactor:
         chain = policies.Chain.of(messages, functools.partial(self.digests, keys=keys))
         fixed = request.dialect.fixed_tokens(request.parsed, limits.counter)
         branch = loaded.state.branch(chain)
-        return Turn(request, limits, budget, fixed, counts, chain, loaded, branch)
+        return Turn(request, limits, budget, fixed, counts, chain, loaded, branch, ratio)
 
     @staticmethod
     def _budget(request: ClientRequest, limits: Limits, ratio: float) -> policies.Budget:
@@ -232,6 +238,7 @@ class Compactor:
             reserved_output=turn.budget.reserved_output,
             window_source=turn.limits.window_source,
             shadow=request.shadow,
+            ratio=turn.ratio,
         )
 
     async def _compact(

@@ -56,6 +56,8 @@ class Turn:
     chain: policies.Chain
     loaded: Loaded
     branch: Branch | None
+    # The upstream's count of a prompt over the counter's: the budget is scaled by it.
+    ratio: float = 1.0
 
     @property
     def plan(self) -> policies.Plan:
