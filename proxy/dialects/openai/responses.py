@@ -17,7 +17,8 @@ import orjson
 from policies import Message
 from proxy.dialects.base import Parsed, Usage
 from proxy.dialects.json_checks import invalid_type, load_object, optional_int
-from proxy.dialects.openai.responses_items import Mapped, edited_items, map_items
+from proxy.dialects.openai.responses_edits import edited_items
+from proxy.dialects.openai.responses_items import Mapped, map_items
 from proxy.dialects.openai.shared import (
     REASONING_HEADROOM_TOKENS,
     OpenAIDialect,
