@@ -26,7 +26,13 @@ from proxy.dialects.anthropic.blocks import (
     thinking_turn,
 )
 from proxy.dialects.anthropic.request import known_messages, read_request, read_whole
-from proxy.dialects.base import Dialect, Entries, Parsed, Usage
+from proxy.dialects.base import Entries, Parsed, Usage
+from proxy.dialects.capabilities import (
+    CacheBreakpoints,
+    Entitlements,
+    StreamStartUsage,
+    TokenCounting,
+)
 from proxy.dialects.raw_items import SPLIT_FROM
 from proxy.errors import APIError, SummaryFailed
 from proxy.models.tokens import TokenCounter
@@ -60,14 +66,14 @@ COUNT_FIELDS = frozenset(
 )
 
 
-class Messages(Dialect):
+class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage):
     name = "messages"
     path = "/v1/messages"
     upstream_path = "/messages"  # below a base URL such as https://api.anthropic.com/v1
     conversation_param = "messages"
     call_headers = {"anthropic-version": "2023-06-01"}
-    marks_cache = True
     count_path = "/v1/messages/count_tokens"
+    count_upstream_path = "/messages/count_tokens"
 
     def __init__(self, *, split_from: int = SPLIT_FROM) -> None:
         self.known = known_messages(split_from)
