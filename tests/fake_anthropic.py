@@ -70,7 +70,8 @@ fake's ``count_tokens`` without HTTP.
 Behaviours come from the ``x-fake-behavior`` header, else ``up.count_behavior`` for
 ``count_tokens`` requests (when set), else ``up.behavior``: a comma separated list of
 ``hang``, ``slow-stream[:seconds]``, ``reset-mid-stream[:events]``, ``error-mid-stream[:events]``,
-``status:NNN``, ``tool-call``, ``redacted-thinking``, ``gzip``.
+``status:NNN``, ``tool-call``, ``redacted-thinking``, ``gzip``, ``output-only-delta`` (a
+stream's ``message_delta`` usage with ``output_tokens`` alone, as the API sent it before 2025).
 Summary requests (header ``x-compaction-summary: 1``, or a system prompt starting with
 ``SUMMARY_PROMPT_PREFIX``) are answered by the ``summarizer`` hook as in the OpenAI fake. The
 cache clock is ``time.monotonic()`` plus what ``up.advance(seconds)`` added.
@@ -144,7 +145,7 @@ CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}
 THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 
 _BEHAVIORS: dict[str, Callable[[str], object]] = dict.fromkeys(
-    ("hang", "tool-call", "redacted-thinking", "gzip"), str
+    ("hang", "tool-call", "redacted-thinking", "gzip", "output-only-delta"), str
 ) | {"slow-stream": float, "reset-mid-stream": int, "error-mid-stream": int, "status": int}
 _STATUS_ERRORS: dict[int, tuple[str, str]] = {
     400: ("invalid_request_error", "Fake error 400."),
@@ -1309,7 +1310,7 @@ class FakeAnthropic(FakeServer):
             "usage": usage.fields(reply.output_tokens),
         }
         if body.get("stream"):
-            events = _stream_events(message, usage, reply)
+            events = _stream_events(message, usage, reply, "output-only-delta" in behaviors)
             return await self._stream(
                 request, events, behaviors, "text/event-stream; charset=utf-8"
             )
@@ -1433,8 +1434,11 @@ class FakeAnthropic(FakeServer):
         return response
 
 
-def _stream_events(message: dict[str, Any], usage: _Usage, reply: _Reply) -> list[bytes]:
-    """The SSE events of a streamed answer, framed as Anthropic frames them."""
+def _stream_events(
+    message: dict[str, Any], usage: _Usage, reply: _Reply, output_only: bool
+) -> list[bytes]:
+    """The SSE events of a streamed answer, framed as Anthropic frames them (`output_only`:
+    the final usage with output_tokens alone)."""
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = usage.fields(min(reply.output_tokens, 1))
     events = [_sse("message_start", {"type": "message_start", "message": start})]
@@ -1479,6 +1483,7 @@ def _stream_events(message: dict[str, Any], usage: _Usage, reply: _Reply) -> lis
             "cache_read_input_tokens",
             "output_tokens",
         )
+        if k == "output_tokens" or not output_only
     }
     delta = {"stop_reason": reply.stop_reason, "stop_sequence": reply.stop_sequence}
     events.append(_sse("message_delta", {"type": "message_delta", "delta": delta, "usage": final}))

@@ -18,6 +18,7 @@ import policies
 from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
 from proxy.dialects.anthropic.breakpoints import with_breakpoints
 from proxy.dialects.anthropic.messages import Messages, user_id_session
+from proxy.dialects.anthropic.view import groups as view_groups
 from proxy.dialects.base import Parsed
 from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
 from proxy.models.tokens import counter_for
@@ -531,7 +532,7 @@ async def test_every_compacted_view_is_a_valid_request(history: Any, data: st.Da
         raise AssertionError(error.message) from None
     assert out["system"] == system and out["tools"] == TOOLS
     assert set(out) == set(orjson.loads(parsed.raw))  # no field added
-    groups = [(index, items[0]) for index, items in MESSAGES.groups(parsed, entries) if items]
+    groups = [(index, items[0]) for index, items in view_groups(parsed, entries) if items]
     assert len(groups) == len(out["messages"])
     for (index, _), sent in zip(groups, out["messages"], strict=True):
         if index is None:
@@ -630,7 +631,7 @@ def rendered_alike(dialect: Messages, parsed: Parsed, whole: Parsed, data: st.Da
     theirs = [bytes(m) for m in msgspec.json.decode(client, type=list[msgspec.Raw])]
     listed = msgspec.json.decode(out, type=dict[str, msgspec.Raw])["messages"]
     ours = [bytes(m) for m in msgspec.json.decode(listed, type=list[msgspec.Raw])]
-    groups = [index for index, items in dialect.groups(parsed, view(parsed)) if items]
+    groups = [index for index, items in view_groups(parsed, view(parsed)) if items]
     assert len(groups) == len(ours)
     spans = parsed.spans or ()
     for index, sent in zip(groups, ours, strict=True):

@@ -20,7 +20,7 @@ from proxy.sessions.sessions import session_key
 from tests.conftest import merged, metric
 from tests.conversations import words
 from tests.fake_anthropic import FakeAnthropic
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import BEHAVIOR_HEADER, FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 KEY = "sk-ant-api03-test"
@@ -138,12 +138,17 @@ def test_untouched_requests_are_forwarded_as_their_own_bytes(
     assert up.requests[-1].body == body
 
 
+@pytest.mark.parametrize("output_only_delta", [False, True])
 def test_the_stream_is_relayed_in_anthropics_events_and_its_usage_read(
-    server: ServerThread, up: FakeAnthropic
+    server: ServerThread, up: FakeAnthropic, output_only_delta: bool
 ) -> None:
+    """The usage is read from message_start: the API's message_delta has not always had the
+    prompt's tokens."""
     system = [{"type": "text", "text": words(1500, 1), "cache_control": {"type": "ephemeral"}}]
     fields = {"model": SMALL, "max_tokens": 50, "messages": HELLO, "system": system}
     headers = {"x-api-key": KEY, "anthropic-version": VERSION}
+    if output_only_delta:
+        headers[BEHAVIOR_HEADER] = "output-only-delta"
     with httpx.Client() as http:
         before = {
             name: metric(http, server, f"compaction_proxy_{name}_total", dialect="messages")

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.dialects.anthropic.messages import _assembled, _canonical
+from proxy.dialects.anthropic.request import _assembled, _canonical
 from proxy.dialects.openai.chat import Chat
 from proxy.dialects.openai.responses import _mapped
 from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownBodies, KnownItems

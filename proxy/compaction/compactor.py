@@ -128,12 +128,14 @@ class Compactor:
             )
         status = turn.budget.status(tokens)
         unchanged: Forward | None = None
-        if pending is None and self.exact_counts and self.exact_counts.wanted(turn, tokens):
+        exact = self.exact_counts
+        api = exact.wanted(turn, tokens) if exact and pending is None else None
+        if exact and api:
             # Near the compaction level the estimate may be wrong either way: the upstream
             # counts the request as it would go (the client's own under shadow mode), and
             # the decision is made by its count's ratio to the proxy's.
             unchanged = self._unchanged(turn, entries, tokens_before, tokens)
-            ratio = await self.exact_counts.ratio(turn, unchanged.body, unchanged.tokens_sent)
+            ratio = await exact.ratio(turn, api, unchanged.body, unchanged.tokens_sent)
             if ratio is not None:
                 turn.budget = self._budget(turn.request, turn.limits, ratio)
                 turn.ratio = ratio
@@ -217,15 +219,8 @@ class Compactor:
         request = turn.request
         # A replayed plan says what it said when it was made: its anchors were cut.
         plan = result.plan if result else turn.plan if entries is not None else None
-        marks = request.policy.cache_breakpoints and request.dialect.marks_cache
-        if entries is None and marks:
-            entries = list(enumerate(request.messages))
-        if entries is None or request.shadow:
-            body = request.parsed.raw
-        else:
-            body = request.dialect.render(request.parsed, entries, marks)
         return Forward(
-            body,
+            request.body(entries),
             request.key,
             action,
             turn.loaded.store,

@@ -31,6 +31,7 @@ import orjson
 import policies
 from proxy.compaction.cooldowns import Cooldowns, blamed_scope
 from proxy.compaction.turn import Turn
+from proxy.dialects import TokenCounting
 from proxy.errors import ProxyError
 from proxy.memo import DEFAULT_MAX_SESSIONS, make_room
 from proxy.models.calibration import Calibration, bounded
@@ -85,19 +86,21 @@ class ExactCounts:
         self.cooldowns = Cooldowns()
 
     @staticmethod
-    def wanted(turn: Turn, tokens: int) -> bool:
-        """Whether the policy asks for exact counts, the request's API has a count endpoint
-        and its estimate `tokens` is near the compaction level."""
+    def wanted(turn: Turn, tokens: int) -> TokenCounting | None:
+        """The request's API, to ask for a count, when the policy asks for exact counts, the
+        API has a count endpoint and the estimate `tokens` is near the compaction level."""
         request = turn.request
         settings = request.policy.exact_count
-        if settings.via == "none" or request.dialect.count_path is None or tokens <= 0:
-            return False
+        dialect = request.dialect
+        if settings.via == "none" or not isinstance(dialect, TokenCounting) or tokens <= 0:
+            return None
         level = turn.budget.compact_tokens
-        return abs(tokens - level) <= settings.margin * level
+        return dialect if abs(tokens - level) <= settings.margin * level else None
 
-    async def ratio(self, turn: Turn, body: bytes, tokens: int) -> float | None:
+    async def ratio(self, turn: Turn, api: TokenCounting, body: bytes, tokens: int) -> float | None:
         """The upstream's count of `body` (the request as it would go, `tokens` by the
-        proxy's count) over `tokens`; None when the upstream did not count it in time."""
+        proxy's count) over `tokens`, asked of `api` (`wanted`); None when the upstream did
+        not count it in time."""
         request = turn.request
         key = request.key
         exact_mode = turn.limits.counter.mode == "exact"
@@ -110,7 +113,7 @@ class ExactCounts:
             extended = max(1, found.exact + round((tokens - found.tokens) * calibrated))
             self._note("cached", key, tokens, extended)
             return bounded(extended / tokens, exact=exact_mode)
-        upstream = await self._ask(turn, body)
+        upstream = await self._ask(turn, api, body)
         if upstream is None:
             return None
         self._note("counted", key, tokens, upstream)
@@ -123,7 +126,7 @@ class ExactCounts:
         self.calibration.observe(key, upstream, tokens, exact=exact_mode)
         return bounded(upstream / tokens, exact=exact_mode)
 
-    async def _ask(self, turn: Turn, body: bytes) -> int | None:
+    async def _ask(self, turn: Turn, api: TokenCounting, body: bytes) -> int | None:
         request = turn.request
         # By model, as the summarizer's: one caller's model the upstream lacks or chokes on
         # must not leave every other caller on the estimate.
@@ -132,15 +135,14 @@ class ExactCounts:
         if self.cooldowns.cooling(*breakers.values()):
             self.metrics.exact_counts.labels("cooling").inc()
             return None
-        dialect = request.dialect
         timeout = request.policy.exact_count.timeout_seconds
-        path = str(dialect.count_path).removeprefix("/v1")
+        path = api.count_upstream_path
         headers = [*request.headers, ("Accept-Encoding", "identity")]
         status = 0
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.open(
-                    request.upstream, "POST", path, "", headers, dialect.count_body(body), retries=0
+                    request.upstream, "POST", path, "", headers, api.count_body(body), retries=0
                 )
                 try:
                     payload = await response.read(timeout)
@@ -152,7 +154,7 @@ class ExactCounts:
         except ProxyError:  # unreachable, timed out in a phase of its own, broken off
             outcome = "error"
         else:
-            counted = dialect.counted(payload) if status == 200 else None
+            counted = api.counted(payload) if status == 200 else None
             if counted is not None:
                 return counted
             outcome = "error"

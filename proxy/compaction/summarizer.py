@@ -18,7 +18,7 @@ from proxy.compaction.cooldowns import Cooldowns, Scope, blamed_scope
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, Policy, Upstream
 from proxy.config import Summarizer as SummarizerSettings
-from proxy.dialects import Dialect, dialect_of_kind
+from proxy.dialects import Dialect, Entitlements, dialect_of_kind
 from proxy.errors import SummaryFailed
 from proxy.models.limits import ModelLimits
 from proxy.observability.metrics import Metrics
@@ -113,7 +113,12 @@ class Summarizers:
         upstream = request.upstream
         chosen = self.config.upstreams[settings.upstream] if settings.upstream else upstream
         reuse = chosen is upstream and not upstream.api_key
-        if reuse and not request.dialect.may_reuse_credentials(request.credentials):
+        dialect = request.dialect
+        if (
+            reuse
+            and isinstance(dialect, Entitlements)
+            and not dialect.may_reuse_credentials(request.credentials)
+        ):
             return None
         model = settings.model or request.parsed.model
         limits = self.limits.limits(model, chosen)
@@ -123,7 +128,7 @@ class Summarizers:
             self.client,
             chosen,
             # The request's own API on its own upstream; a configured summarizer's main one.
-            request.dialect if chosen is upstream else dialect_of_kind(chosen.kind),
+            dialect if chosen is upstream else dialect_of_kind(chosen.kind),
             model,
             settings,
             credentials=credentials,

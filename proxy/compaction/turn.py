@@ -7,7 +7,7 @@ import dataclasses
 
 import policies
 from proxy.config import Policy, Upstream
-from proxy.dialects import Dialect, Entries, Parsed
+from proxy.dialects import CacheBreakpoints, Dialect, Entries, Parsed
 from proxy.models.limits import Limits
 from proxy.sessions.sessions import Loaded, session_key
 from proxy.sessions.state import Branch
@@ -42,6 +42,18 @@ class ClientRequest:
     @property
     def messages(self) -> list[policies.Message]:
         return self.parsed.messages
+
+    def body(self, entries: Entries | None) -> bytes:
+        """What goes upstream for the view `entries` (None: the request as it is): the
+        client's own bytes under shadow mode; else the view, with the proxy's prompt-cache
+        breakpoints when the policy asks for them and the API takes them."""
+        if self.shadow:
+            return self.parsed.raw
+        dialect = self.dialect
+        if self.policy.cache_breakpoints and isinstance(dialect, CacheBreakpoints):
+            shown = list(enumerate(self.messages)) if entries is None else entries
+            return dialect.render(self.parsed, shown, breakpoints=True)
+        return self.parsed.raw if entries is None else dialect.render(self.parsed, entries)
 
 
 @dataclasses.dataclass

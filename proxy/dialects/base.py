@@ -5,6 +5,7 @@ The engine (`policies/`) works on one canonical conversation: OpenAI-chat-like m
 that conversation plus a map back to its own native items, and turns a compacted view back
 into a request body, leaving every untouched native item exactly as the client sent it.
 Sessions, plans, layers, summaries, headers and metrics are the same for every dialect.
+What only some wire formats have (a count endpoint, cache breakpoints...) is in `capabilities`.
 """
 
 from __future__ import annotations
@@ -82,12 +83,6 @@ class Dialect(ABC):
     # Request headers that the proxy's own calls in this API (summaries) carry besides the
     # credential, with the value they take when the request has none.
     call_headers: ClassVar[Mapping[str, str]] = {}
-    # Whether the API caches a prompt only up to breakpoints the request marks, so that the
-    # proxy adds its own (`render`), even to a request it does not otherwise change.
-    marks_cache: ClassVar[bool] = False
-    # The API's path that counts a prompt's tokens (Anthropic's count_tokens), answered for
-    # the session's view; None when it has none.
-    count_path: ClassVar[str | None] = None
 
     @abstractmethod
     def parse(self, raw: bytes) -> Parsed:
@@ -152,37 +147,8 @@ class Dialect(ABC):
         """The summary in a successful answer; SummaryFailed("overlong") when it was cut off
         (a summary that lost its end lost its last sections)."""
 
-    def stream_start_usage(self, head: bytes) -> Usage | None:
-        """Usage from the first bytes of a streamed response, for APIs that report it at the
-        start (preferred to the tail's when both are there). Others never do."""
-        return None
-
-    def count_body(self, body: bytes) -> bytes:
-        """The request to the API's count endpoint (`count_path`) for the request `body`: the
-        fields that make up the prompt. Only dialects with a `count_path` have it."""
-        raise NotImplementedError(f"{self.name} has no count endpoint")
-
-    def counted(self, payload: bytes) -> int | None:
-        """The prompt tokens in the count endpoint's answer (None: not a count)."""
-        raise NotImplementedError(f"{self.name} has no count endpoint")
-
-    def window(self, headers: Mapping[str, str]) -> int | None:
-        """The context window the request's own headers open, when they set one."""
-        return None
-
-    def may_reuse_credentials(self, credentials: Sequence[tuple[str, str]]) -> bool:
-        """Whether the client's credential may pay for the proxy's own calls (summaries) on
-        its upstream; a credential that is only for the client's own requests may not."""
-        return True
-
-    def stream_overflow(self, head: bytes) -> bool | None:
-        """Whether the first bytes of a streamed 200 answer say the prompt is over the window,
-        for APIs that report it inside the stream (None: not known yet). Others never do."""
-        return False
-
-    def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
-        """The body that forwards the view `entries` (from `policies.render_entries`), with
-        the proxy's own prompt-cache breakpoints when `breakpoints` (APIs with `marks_cache`).
+    def render(self, parsed: Parsed, entries: Entries) -> bytes:
+        """The body that forwards the view `entries` (from `policies.render_entries`).
 
         Here each canonical message stands for native items of its own (the dialects whose
         messages share items render them together: Anthropic's). The untouched messages'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import math
@@ -24,7 +25,7 @@ from proxy.compaction.hooks import Hooks
 from proxy.compaction.prepared import PreparedSummaries
 from proxy.compaction.summarizer import Summarizers
 from proxy.config import Config, Upstream
-from proxy.dialects import DIALECTS, Dialect
+from proxy.dialects import DIALECTS, Dialect, TokenCounting
 from proxy.dialects.openai.chat import Chat
 from proxy.dialects.openai.responses import Responses
 from proxy.errors import APIError, NotFound, StreamBroken, UpstreamUnreachable
@@ -365,9 +366,9 @@ def create_app(
         route(responses.path, provider_compaction.responses, ["POST"], responses),
         route(COMPACT_PATH, provider_compaction.compact, ["POST"], responses),
         *(
-            route(h.dialect.count_path, h.count_tokens, ["POST"], h.dialect)
+            route(d.count_path, functools.partial(h.count_tokens, d), ["POST"], d)
             for h in proxy.handlers
-            if h.dialect.count_path
+            if isinstance(d := h.dialect, TokenCounting)
         ),
         route("/v1/{path:path}", proxy.passthrough, ANY),
         Route("/healthz", proxy.healthz, methods=["GET"]),

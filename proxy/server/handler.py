@@ -20,7 +20,15 @@ from starlette.types import ASGIApp
 from proxy.compaction.compactor import SHADOW_HEADER, Compactor, Forward, shown_action
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, NoRoute, Policy, Upstream
-from proxy.dialects import Dialect, Parsed, Usage
+from proxy.dialects import (
+    Dialect,
+    Entitlements,
+    Parsed,
+    StreamOverflow,
+    StreamStartUsage,
+    TokenCounting,
+    Usage,
+)
 from proxy.errors import InvalidRequest, StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
@@ -107,8 +115,13 @@ class Handler:
             if not self.dialect.is_overflow(response.status, error):
                 return self._finish(client_request, labels, forward, response, error, overhead)
             overflow = True
-        elif parsed.stream and response.status == 200 and forward.can_retry:
-            head, overflow = await self._stream_head(response, chunks, upstream)
+        elif (
+            parsed.stream
+            and response.status == 200
+            and forward.can_retry
+            and isinstance(self.dialect, StreamOverflow)
+        ):
+            head, overflow = await self._stream_head(self.dialect, response, chunks, upstream)
         else:
             overflow = False
         if overflow:
@@ -132,31 +145,32 @@ class Handler:
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
-    async def count_tokens(self, request: Request) -> ASGIApp:
+    async def count_tokens(self, counting: TokenCounting, request: Request) -> ASGIApp:
         """The API's own count of a prompt (Anthropic's count_tokens) for what would be sent:
         the session's view when the client names its session and the session has a plan for
-        this history, else the request as it is. Nothing is compacted or stored."""
+        this history, else the request as it is. Nothing is compacted or stored. `counting`
+        is the handler's dialect (one with a count endpoint)."""
         headers = request.headers
         tenant = self.tenants.tenant(headers)
         raw = await read_body(request, self.config.listen.max_body_bytes)
-        parsed = self.dialect.parse(raw)
+        parsed = counting.parse(raw)
         client_request = self.client_request(headers, tenant, parsed)
         body, action = raw, "none"
-        if headers.get(self.config.sessions.header) or self.dialect.session_hint(headers, parsed):
+        if headers.get(self.config.sessions.header) or counting.session_hint(headers, parsed):
             entries = await self.compactor.view(client_request)
             if entries is not None:
                 action = "replayed"
                 # Under shadow mode the client's request is what goes upstream: count it.
                 if not client_request.shadow:
-                    body = self.dialect.render(parsed, entries)
+                    body = counting.render(parsed, entries)
         upstream = client_request.upstream
-        path = str(self.dialect.count_path).removeprefix("/v1")
+        path = counting.count_upstream_path
         query = query_string(request)
         send_headers = list(client_request.headers)
         response = await self.client.open(upstream, "POST", path, query, send_headers, body)
         payload = await response.read(upstream.timeouts.stream_idle)
         response.release()
-        route = f"{self.dialect.name}_count"
+        route = f"{counting.name}_count"
         self.metrics.answered(route, response.status, self.labels(client_request))
         shadow = client_request.shadow
         own = [
@@ -194,7 +208,7 @@ class Handler:
                 for name, value in given
                 if name in self.carried and name not in self.drop_headers
             ),
-            window=self.dialect.window(headers),
+            window=self.dialect.window(headers) if isinstance(self.dialect, Entitlements) else None,
             headers=tuple(relayable(given, self.drop_headers)),
             shadow=self.shadow(headers.get(sessions.shadow_header), policy),
         )
@@ -241,12 +255,16 @@ class Handler:
         return _response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
-        self, response: UpstreamResponse, chunks: AsyncIterator[bytes], upstream: Upstream
+        self,
+        dialect: StreamOverflow,
+        response: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
+        upstream: Upstream,
     ) -> tuple[bytes, bool]:
-        """The first bytes of a stream, read until the dialect can tell whether they report
-        an overflow (at once for APIs that never do), and its verdict."""
+        """The first bytes of a stream, read until `dialect` (the handler's) can tell whether
+        they report an overflow, and its verdict."""
         head = b""
-        verdict = self.dialect.stream_overflow(head)
+        verdict = dialect.stream_overflow(head)
         try:
             async with asyncio.timeout(upstream.timeouts.first_byte):
                 while verdict is None:
@@ -254,7 +272,7 @@ class Handler:
                     if not chunk:
                         break
                     head += chunk
-                    verdict = self.dialect.stream_overflow(head)
+                    verdict = dialect.stream_overflow(head)
         except TimeoutError:
             response.close()
             self.metrics.upstream_timeouts.labels(upstream.name, "first_byte").inc()
@@ -281,14 +299,20 @@ class Handler:
         ]
         headers += SSE_HEADERS
         parsed: Parsed = request.parsed
-        want_usage = self.dialect.wants_usage(parsed)
+        dialect = self.dialect
+        want_usage = dialect.wants_usage(parsed)
 
         def on_end(head: bytes, tail: bytes, outcome: str) -> None:
             response.release() if outcome == "complete" else response.close()
             if outcome == "upstream_broken":
                 self.metrics.upstream_errors.labels(request.upstream.name, "broken_stream").inc()
             if want_usage and outcome == "complete":
-                usage = self.dialect.stream_start_usage(head) or self.dialect.stream_usage(tail)
+                start = (
+                    dialect.stream_start_usage(head)
+                    if isinstance(dialect, StreamStartUsage)
+                    else None
+                )
+                usage = start or dialect.stream_usage(tail)
                 self._calibrate(request, labels, forward, usage)
 
         self._count(labels, forward, response.status)

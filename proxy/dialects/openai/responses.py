@@ -16,8 +16,10 @@ import orjson
 
 from policies import Message
 from proxy.dialects.base import Parsed, Usage
+from proxy.dialects.capabilities import StreamOverflow
 from proxy.dialects.json_checks import invalid_type, load_object, optional_int
-from proxy.dialects.openai.responses_items import Mapped, edited_items, map_items
+from proxy.dialects.openai.responses_edits import edited_items
+from proxy.dialects.openai.responses_items import Mapped, map_items
 from proxy.dialects.openai.shared import (
     REASONING_HEADROOM_TOKENS,
     OpenAIDialect,
@@ -37,7 +39,7 @@ _FRAME_END = re.compile(rb"\r?\n\r?\n")
 _USAGE = b'"usage":{'
 
 
-class Responses(OpenAIDialect):
+class Responses(OpenAIDialect, StreamOverflow):
     name = "responses"
     path = "/v1/responses"
     upstream_path = "/responses"
