@@ -12,7 +12,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from proxy.config import Config
-from proxy.server.app import create_app, server_config
+from proxy.server.app import create_app
+from proxy.server.runner import server_config
 
 
 def proxy_server(config: Config, **kwargs: object) -> ServerThread:

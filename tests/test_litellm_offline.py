@@ -23,13 +23,14 @@ def record(event, args):
 sys.addaudithook(record)
 
 import openai
-from proxy.app import create_app, server_config
+from proxy.server.app import create_app
+from proxy.server.runner import server_config
 from tests.litellm_fakes import CLAUDE, GEMINI, litellm_config
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_gemini import FakeGemini
 from tests.servers import ServerThread
 
-from proxy.litellm_setup import load_litellm
+from proxy.upstream.litellm_setup import load_litellm
 
 load_litellm()  # under the hook too, but ahead of the server's start-up deadline
 with FakeAnthropic(windows={CLAUDE: 8192}) as anthropic, FakeGemini() as gemini:
