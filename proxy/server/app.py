@@ -17,6 +17,7 @@ from proxy.compaction.compactor import Compactor
 from proxy.compaction.exact_count import ExactCounts
 from proxy.compaction.hooks import Hooks
 from proxy.compaction.prepared import PreparedSummaries
+from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.compaction.summarizer import Summarizers
 from proxy.config import Config
 from proxy.dialects import DIALECTS, Dialect
@@ -98,9 +99,7 @@ class Proxy:
             self.tenants,
             responses,
             self.passthrough.relay,
-            summarizers,
-            self.prepared.hooks,
-            self.limits,
+            ProviderSummaries(summarizers, self.prepared.hooks, self.limits),
             metrics,
         )
         by_path = {h.dialect.path: h.dialect for h in self.handlers}
