@@ -210,10 +210,10 @@ def create_app(
 
 class ProxyApp(Starlette):
     """The routes behind the gate (`proxy.gate`). A POST to an API's path, nearly every
-    request, goes straight to its endpoint by one look-up of its path: Starlette's middleware
-    and router are for the rest (they would only pass such a request on, at a tenth of its
-    own work). Its endpoint turns every failure into an answer itself (`guarded`); middleware
-    added to this app (`add_middleware`) does not see those requests."""
+    request, goes straight to its endpoint by one look-up of its path (`FastPath`), inside
+    any middleware added to the app (`add_middleware`): Starlette's own two middlewares and
+    its router are for the rest (they would only pass such a request on, at a tenth of its
+    own work; its endpoint turns every failure into an answer itself, `guarded`)."""
 
     def __init__(
         self,
@@ -223,16 +223,38 @@ class ProxyApp(Starlette):
         posts: dict[str, ASGIApp],
     ) -> None:
         super().__init__(routes=routes, lifespan=lifespan)
-        self._gated = gate.around(self._dispatch)
+        self._gated = gate.around(super().__call__)
         self._posts = posts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._gated(scope, receive, send)
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def build_middleware_stack(self) -> ASGIApp:
+        """Built at the app's first call (its lifespan's): the middleware added by then, around
+        the fast path, around Starlette's own stack (its error page, its router) without that
+        middleware. So a failing middleware gets uvicorn's 500, not Starlette's: the same
+        plain-text answer."""
+        added, self.user_middleware = self.user_middleware, []
+        try:
+            app: ASGIApp = FastPath(self._posts, super().build_middleware_stack())
+        finally:
+            self.user_middleware = added
+        for cls, args, kwargs in reversed(added):
+            app = cls(app, *args, **kwargs)
+        return app
+
+
+class FastPath:
+    """An API's POST to its endpoint (`posts`, by path); every other request to `rest`."""
+
+    def __init__(self, posts: dict[str, ASGIApp], rest: ASGIApp) -> None:
+        self.posts = posts
+        self.rest = rest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self._posts.get(scope["path"])
+            endpoint = self.posts.get(scope["path"])
             if endpoint is not None:
                 await endpoint(scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        await self.rest(scope, receive, send)
