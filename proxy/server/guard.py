@@ -1,4 +1,9 @@
-"""Every failure of an endpoint becomes a clear error in its API's shape: never a traceback."""
+"""Every failure of an endpoint becomes a clear error in its API's shape: never a traceback.
+
+A failure the proxy did not foresee is a 500 whose log line says where it happened (the
+exception's class and frames), never what it said: an exception's message may quote the
+request.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from starlette.types import ASGIApp
 from proxy.dialects import Dialect
 from proxy.dialects.openai.chat import Chat
 from proxy.errors import APIError, StreamBroken, UpstreamUnreachable
+from proxy.observability.logs import failure
 from proxy.observability.metrics import Metrics
 from proxy.server.disconnects import Endpoint, client_gone
 
@@ -46,7 +52,7 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
             metrics.refused("error", broken)
             return dialect.error_response(broken)
         except Exception as exc:
-            log.exception("unexpected error", extra={"error": type(exc).__name__})
+            log.error("unexpected error", extra={"api": dialect.name, **failure(exc)})
             metrics.answered("error", 500)
             return dialect.error_response(APIError("The proxy failed to handle this request."))
 
