@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
 import socket
 import time
@@ -21,7 +20,7 @@ from proxy.config import loads
 from proxy.observability.logs import JsonFormatter
 from proxy.observability.metrics import Metrics
 from proxy.upstream.client import UpstreamClient, UpstreamResponse
-from tests.conftest import ConfigFactory, config_for, metric
+from tests.conftest import ConfigFactory, captured, config_for, metric
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -340,14 +339,9 @@ def test_an_unforeseen_failure_logs_where_it_happened_never_what_it_said(
     http: httpx.Client, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     metrics = Metrics()
-    logger = logging.getLogger("compaction_proxy")
-    logger.addHandler(caplog.handler)  # whether or not the logger propagates
-    try:
-        failing = FailingClient(metrics)
-        with proxy_server(config_for(upstream), client=failing, metrics=metrics) as server:
-            response = http.post(server.url + "/v1/embeddings", json={"input": "hunter2"})
-    finally:
-        logger.removeHandler(caplog.handler)
+    failing = proxy_server(config_for(upstream), client=FailingClient(metrics), metrics=metrics)
+    with captured(caplog), failing as server:
+        response = http.post(server.url + "/v1/embeddings", json={"input": "hunter2"})
     assert check_error(response, 500)["type"] == "server_error"
     record = next(r for r in caplog.records if r.getMessage() == "unexpected error")
     line = JsonFormatter().format(record)
