@@ -36,7 +36,7 @@ from proxy.server.passthrough import Passthrough, not_found
 from proxy.server.probes import Probes
 from proxy.server.provider_compaction import COMPACT_PATH, ProviderCompaction
 from proxy.server.tenants import Tenants
-from proxy.server.upgrades import refuse_websocket
+from proxy.server.upgrades import websocket_refusal
 from proxy.sessions.cache_usage import CacheLedger
 from proxy.sessions.sessions import Sessions
 from proxy.sessions.store import SessionStore, open_store
@@ -197,7 +197,7 @@ def create_app(
         Route("/healthz", probes.healthz, methods=["GET"]),
         Route("/readyz", probes.readyz, methods=["GET"]),
         Route("/metrics", probes.metrics_endpoint, methods=["GET"]),
-        WebSocketRoute("/{path:path}", refuse_websocket),
+        WebSocketRoute("/{path:path}", websocket_refusal(metrics)),
     ]
     if config.admin.token:
         admin_sessions = Sessions(store, metrics, fail_open=False, cache=proxy.cache)
