@@ -16,6 +16,7 @@
         ├── Unauthorized          401
         ├── NotFound              404
         ├── BodyTooLarge          413
+        ├── UpgradeRequired       426  a WebSocket upgrade: the proxy speaks HTTP only
         ├── Overloaded            429  listen.max_concurrent_requests are already in flight
         ├── UpstreamUnreachable   502
         ├── StoreUnavailable      503  the session store did not answer (served fail-open
@@ -88,6 +89,12 @@ class NotFound(APIError):
 
 class BodyTooLarge(APIError):
     status_code, error_type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class UpgradeRequired(APIError):
+    """A WebSocket upgrade, answered with 426: the client is to send its request over HTTP."""
+
+    status_code, error_type, code = 426, "invalid_request_error", "websocket_unsupported"
 
 
 class Overloaded(APIError):

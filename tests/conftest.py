@@ -7,6 +7,7 @@ test); tests whose config differs build their own proxy with `proxy_config` and 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import socket
 from collections.abc import Callable, Iterator
@@ -66,6 +67,17 @@ def metric(http: httpx.Client, server: ServerThread, name: str, **labels: str) -
         for sample in family.samples
         if sample.name == name and labels.items() <= sample.labels.items()
     )
+
+
+@contextlib.contextmanager
+def captured(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The proxy's log records in `caplog`, whether or not its logger propagates."""
+    logger = logging.getLogger("compaction_proxy")
+    logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture(scope="session")

@@ -9,16 +9,22 @@ from collections.abc import Callable
 from types import TracebackType
 
 import uvicorn
+from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
 from proxy.config import Config
-from proxy.server.app import create_app, server_config
+from proxy.server.app import create_app
+from proxy.server.runner import server_config
 
 
 def proxy_server(config: Config, **kwargs: object) -> ServerThread:
     """The proxy built from `config`, served as `compaction-proxy serve` would serve it;
     entered once it is ready (its tokenizer loaded)."""
-    app = create_app(config, **kwargs)  # type: ignore[arg-type]
+    return served(create_app(config, **kwargs), config)  # type: ignore[arg-type]
+
+
+def served(app: Starlette, config: Config) -> ServerThread:
+    """`app`, made by `create_app` from `config`, served as `proxy_server` serves it."""
     return ServerThread(app, server_config(app, config), ready=lambda: app.state.proxy.limits.warm)
 
 

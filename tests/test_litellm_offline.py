@@ -23,7 +23,8 @@ def record(event, args):
 sys.addaudithook(record)
 
 import openai
-from proxy.server.app import create_app, server_config
+from proxy.server.app import create_app
+from proxy.server.runner import server_config
 from tests.litellm_fakes import CLAUDE, GEMINI, litellm_config
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_gemini import FakeGemini

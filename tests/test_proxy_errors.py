@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -16,7 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import loads
-from tests.conftest import ConfigFactory, metric
+from proxy.observability.logs import JsonFormatter
+from proxy.observability.metrics import Metrics
+from proxy.upstream.client import UpstreamClient, UpstreamResponse
+from tests.conftest import ConfigFactory, captured, config_for, metric
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -319,3 +323,32 @@ def test_random_bodies_never_get_a_5xx(
     assert response.status_code < 500, (body, response.text)
     if response.status_code >= 400:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# -- a failure the proxy did not foresee -----------------------------------------------------------
+
+
+class FailingClient(UpstreamClient):
+    """An upstream client that fails as no code of the proxy's foresees, quoting the body."""
+
+    async def open(self, *args: Any, **kwargs: Any) -> UpstreamResponse:
+        raise RuntimeError(f"cannot send {args[5]!r}")
+
+
+def test_an_unforeseen_failure_logs_where_it_happened_never_what_it_said(
+    http: httpx.Client, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics()
+    failing = proxy_server(config_for(upstream), client=FailingClient(metrics), metrics=metrics)
+    with captured(caplog), failing as server:
+        response = http.post(server.url + "/v1/embeddings", json={"input": "hunter2"})
+    assert check_error(response, 500)["type"] == "server_error"
+    record = next(r for r in caplog.records if r.getMessage() == "unexpected error")
+    line = JsonFormatter().format(record)
+    assert "hunter2" not in line and "hunter2" not in caplog.text
+    logged = json.loads(line)
+    assert logged["error"] == "RuntimeError"
+    frames = logged["frames"]
+    assert all(re.fullmatch(r"/\S+\.py:\d+ [\w.<>]+", frame) for frame in frames), frames
+    assert frames[-1].startswith(f"{__file__}:") and frames[-1].endswith(" FailingClient.open")
+    assert any(frame.endswith(" Passthrough.relay") for frame in frames)

@@ -6,10 +6,7 @@ calibration and the reactive path. The harness is in tests/harness.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -18,6 +15,7 @@ import pytest
 
 from policies import Chain
 from proxy.sessions.state import SessionState
+from tests.conftest import captured
 from tests.fake_upstream import ApiError, check_window
 from tests.harness import (
     MODEL,
@@ -162,7 +160,7 @@ def test_branches_are_capped_least_recently_used_out() -> None:
 def test_a_corrupt_record_is_treated_as_empty_and_logged(
     data: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with harness() as h, _captured(caplog):
+    with harness() as h, captured(caplog):
         chat = h.conversation()
         key = chat.say()["x-compaction-session"]
         h.redis.hset(h.state_key(key), mapping={"v": 7, "d": data})
@@ -172,17 +170,6 @@ def test_a_corrupt_record_is_treated_as_empty_and_logged(
         assert headers["x-compaction-store"] == "ok"
         version, state = h.record(key) or (0, SessionState())
         assert version > 7 and len(state.branches) == 1  # replaced by the proxy's writes
-
-
-@contextlib.contextmanager
-def _captured(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """The proxy's log records in `caplog`, whether or not its logger propagates."""
-    logger = logging.getLogger("compaction_proxy")
-    logger.addHandler(caplog.handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 # -- replicas ---------------------------------------------------------------------------------

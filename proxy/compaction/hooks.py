@@ -16,7 +16,7 @@ import asyncio
 import base64
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -83,30 +83,70 @@ class Hooks:
         reactive: bool,
     ) -> None:
         """Tell `post_compact` what a compaction did, in the background."""
+        plan = result.plan
+        self._post_compact(
+            turn,
+            action=action,
+            reactive=reactive,
+            tokens=(tokens_before, result.tokens_after),
+            summary=plan.summary,
+            covers=plan.cut,
+            decisions=result.decisions,
+            anchors=plan.anchor_block,
+            anchors_complete=result.anchors_complete,
+        )
+
+    def summarized(self, turn: Turn, summary: policies.Summary, *, tokens_after: int) -> None:
+        """Tell `post_compact`, in the background, that the whole history of `turn` became
+        `summary` (a provider compaction: no layer ran, no anchor is kept)."""
+        self._post_compact(
+            turn,
+            action="degraded" if summary.kind == "digest" else "compacted",
+            reactive=False,
+            tokens=(turn.tokens_before, tokens_after),
+            summary=summary,
+            covers=len(turn.chain.digests),
+            decisions=(),
+            anchors=None,
+            anchors_complete=True,
+        )
+
+    def _post_compact(
+        self,
+        turn: Turn,
+        *,
+        action: str,
+        reactive: bool,
+        tokens: tuple[int, int],
+        summary: policies.Summary | None,
+        covers: int,
+        decisions: Sequence[policies.Decision],
+        anchors: str | None,
+        anchors_complete: bool,
+    ) -> None:
         hook = self.settings.post_compact
         if hook is None or not self._admitted("post_compact", hook):
             return
-        plan = result.plan
-        anchors = plan.anchor_block
-        summary: dict[str, Any] | None = None
-        if plan.summary is not None:
-            shown = plan.summary.shown
-            summary = {
-                "kind": plan.summary.kind,
-                "covers": plan.cut,
+        told: dict[str, Any] | None = None
+        if summary is not None:
+            shown = summary.shown
+            told = {
+                "kind": summary.kind,
+                "covers": covers,
                 "tokens": turn.limits.counter.text(shown),
                 **({"text": shown} if hook.include_text else {}),
             }
+        before, after = tokens
         payload: dict[str, Any] = {
             **_about(turn, "post_compact"),
             "action": action,
             "reactive": reactive,
-            "tokens": {**_levels(turn), "before": tokens_before, "after": result.tokens_after},
-            "decisions": [dataclasses.asdict(d) for d in result.decisions],
-            "summary": summary,
+            "tokens": {**_levels(turn), "before": before, "after": after},
+            "decisions": [dataclasses.asdict(d) for d in decisions],
+            "summary": told,
             "anchors": {
                 "kept": 0 if anchors is None else anchors.count("\n") + 1,
-                "complete": result.anchors_complete,
+                "complete": anchors_complete,
                 **({"text": anchors} if hook.include_text else {}),
             },
         }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Any
 
 import orjson
@@ -14,6 +15,8 @@ import orjson
 from proxy.config import Logging
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+# The innermost frames of a failure: a recursion's thousand say no more than its last.
+MAX_FRAMES = 40
 
 
 class JsonFormatter(logging.Formatter):
@@ -30,6 +33,15 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             event["error"] = record.exc_info[0].__name__
         return orjson.dumps(event, default=str).decode()
+
+
+def failure(exc: BaseException) -> dict[str, Any]:
+    """The fields that say where `exc` was raised: its class, and the file, line and function
+    of each of its frames, innermost last. Never its message nor its frames' locals: either
+    may hold a request's content."""
+    walked = list(traceback.walk_tb(exc.__traceback__))[-MAX_FRAMES:]
+    frames = [f"{f.f_code.co_filename}:{line} {f.f_code.co_qualname}" for f, line in walked]
+    return {"error": type(exc).__name__, "frames": frames}
 
 
 def configure(settings: Logging) -> None:

@@ -3,9 +3,10 @@
 `POST /v1/responses/compact` and a `compaction_trigger` item (the last of a `/v1/responses`
 input) ask the provider to compact a conversation into an opaque `compaction` item. Under the
 default policy (`provider_compaction: relay`) both go to the upstream. Under `serve` (for
-upstreams that lack it: local servers) the proxy answers them itself, with a summary of the
-conversation (the policy's summarizer; the mechanical digest when it fails) in a `compaction`
-item of its own (`dialects.responses_compaction`).
+upstreams that lack it: local servers) the proxy answers them itself, as the API would
+(`dialects.openai.responses_answers`), with a summary of the conversation
+(`compaction.provider_summaries`) in a `compaction` item of its own
+(`dialects.openai.responses_compaction`).
 
 Whatever the policy, an item of the proxy's that comes back in a request is expanded into its
 summary message before the request goes on (to the request path, or relayed), so that no
@@ -24,7 +25,6 @@ import functools
 import logging
 import os
 import re
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,26 +33,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message
 
-import policies
-from policies import Summary, SummaryRequest
 from proxy.compaction.compactor import SHADOW_HEADER, shown_action
-from proxy.compaction.hooks import Hooks
-from proxy.compaction.summarizer import Summarizers
-from proxy.compaction.turn import ClientRequest, Turn
+from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import Dialect
 from proxy.dialects.json_checks import invalid_type, load_object
+from proxy.dialects.openai import responses_answers as answers
 from proxy.dialects.openai.responses import HELD_UPSTREAM
 from proxy.dialects.openai.responses_compaction import MARKER, CompactionSeal, expand, is_proxy_item
-from proxy.dialects.openai.responses_items import item_type
-from proxy.errors import InvalidRequest, SummaryFailed
-from proxy.models.limits import ModelLimits
+from proxy.errors import InvalidRequest
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.handler import SSE_HEADERS, Handler
 from proxy.server.incoming import IncomingRequest, read_body
 from proxy.server.tenants import Tenants
-from proxy.sessions.sessions import Loaded
-from proxy.sessions.state import SessionState
 
 log = logging.getLogger("compaction_proxy")
 
@@ -74,7 +67,6 @@ _SHADOWED = [("x-compaction-action", shown_action(ACTION, shadow=True)), SHADOW_
 _ITEMS = b'"compaction'
 _TRIGGER = b'"' + TRIGGER.encode() + b'"'
 _ESCAPE = re.compile(rb"\\u00[2-7][0-9A-Fa-f]")
-MIN_SUMMARY_TOKENS = 256  # a summary cap below this says too little to go on from
 
 
 class ProviderCompaction:
@@ -86,9 +78,7 @@ class ProviderCompaction:
         tenants: Tenants,
         handler: Handler,
         relay: Relayer,
-        summarizers: Summarizers,
-        hooks: Hooks,
-        limits: ModelLimits,
+        summaries: ProviderSummaries,
         metrics: Metrics,
     ) -> None:
         self.config = config
@@ -96,9 +86,7 @@ class ProviderCompaction:
         self.handler = handler
         self.dialect: Dialect = handler.dialect
         self.relay = relay
-        self.summarizers = summarizers
-        self.hooks = hooks
-        self.limits = limits
+        self.summaries = summaries
         self.metrics = metrics
         key = config.compaction_items.signing_key
         if key is None and any(p.provider_compaction == "serve" for p in config.policies.values()):
@@ -141,16 +129,9 @@ class ProviderCompaction:
             own = _SHADOWED if read.shadow and read.policy.provider_compaction == "serve" else []
             return await self.relay(request, read.upstream, _UPSTREAM_COMPACT_PATH, read.raw, own)
         served = await self._serve(request, read, read.items)
-        kept = [_user_message(item) for item in _listed(read.body.get("input"))]
-        answer = {
-            "id": _new_id("resp"),
-            "object": "response.compaction",
-            "created_at": int(time.time()),
-            "output": [*filter(None, kept), served.item],
-            "usage": served.usage,
-        }
         self._count("compact", served)
-        return Response(orjson.dumps(answer), media_type="application/json", headers=served.headers)
+        answer = answers.compacted(_listed(read.body.get("input")), served.item, served.usage)
+        return Response(answer, media_type="application/json", headers=served.headers)
 
     def _routed(self, request: Request, raw: bytes) -> _Read:
         """The body read and routed, or OpenAI's 400 naming what is wrong with it."""
@@ -189,9 +170,7 @@ class ProviderCompaction:
         return dataclasses.replace(read, raw=raw, items=expanded)
 
     async def _serve(self, request: Request, read: _Read, items: list[Any]) -> _Served:
-        """The proxy's compaction of `items`: a summary by the policy's summarizer (the
-        pre_compact hook asked first), the mechanical digest when it fails (the answer is
-        never lost to a failing summarizer); post_compact told the outcome."""
+        """The proxy's compaction of `items`: their summary in a compaction item of its own."""
         held = next((k for k in HELD_UPSTREAM if read.body.get(k)), None)
         if held is not None:
             raise InvalidRequest(
@@ -207,116 +186,27 @@ class ProviderCompaction:
             )
         parsed = self.dialect.parse(orjson.dumps({**read.body, "input": items}))
         client_request = self.handler.client_request(request.headers, read.tenant, parsed)
-        turn = self._turn(client_request)
-        counter = turn.limits.counter
-        messages = parsed.messages
-        tokens = turn.tokens_before
-        cap = _summary_cap(read.policy.compaction, turn.budget, tokens)
-        summarizer = self.summarizers.for_request(client_request)
-        try:
-            if summarizer is None:
-                raise SummaryFailed("the credential may pay for no summary")
-            hooked = self.hooks.summarizer(turn, summarizer, ahead=False)
-            asked = SummaryRequest(None, messages, cap, None, end=len(turn.chain.digests))
-            summary = Summary(await hooked(asked), "llm")
-        except SummaryFailed as failed:
-            log.warning(
-                "provider compaction summary failed: the mechanical digest stands in",
-                extra={"api": self.dialect.name, "reason": str(failed)},
-            )
-            text = policies.digest(None, messages, max_tokens=cap, counter=counter)
-            summary = Summary(text, "digest")
-        content = self.seal.seal(self._owner(read), summary)
-        item = {"id": _new_id("cmp"), "type": "compaction", "encrypted_content": content}
-        served = _Served(
-            item,
-            summary.kind,
+        made = await self.summaries.summarize(client_request)
+        content = self.seal.seal(self._owner(read), made.summary)
+        return _Served(
+            answers.compaction_item(content),
+            made.summary.kind,
             client_request.key,
-            tokens,
-            counter.text(summary.shown),
+            made.tokens_before,
+            made.tokens_after,
             self.handler.labels(client_request),
-        )
-        self._told(turn, served, summary)
-        return served
-
-    def _turn(self, request: ClientRequest) -> Turn:
-        """The request as the hooks see a compaction's: its history alone, no session state
-        (a provider compaction stores none)."""
-        limits = self.limits.limits(request.parsed.model, request.upstream)
-        counter = limits.counter
-        budget = request.policy.compaction.budget(limits.window, limits.max_output, None)
-        counts = [counter.message(m) for m in request.messages]
-        chain = policies.Chain.of(request.messages)
-        loaded = Loaded(SessionState(), 0, "ok")  # no session read: the hooks read none
-        return Turn(request, limits, budget, 0, counts, chain, loaded, None)
-
-    def _told(self, turn: Turn, served: _Served, summary: Summary) -> None:
-        """post_compact told of a provider compaction: the whole history became the summary."""
-        covered = len(turn.chain.digests)
-        role = turn.request.policy.compaction.summary_role
-        header = policies.header_message(summary, None, role)
-        result = policies.Compaction(
-            plan=policies.Plan(cut=covered, summary=summary, covered=covered),
-            view=[] if header is None else [header],
-            decisions=(),
-            tokens_before=served.input_tokens,
-            tokens_after=served.output_tokens,
-            fits=True,
-            anchors_complete=True,
-            degraded=summary.kind == "digest",
-            floor_tokens=0,
-        )
-        action = "degraded" if result.degraded else "compacted"
-        self.hooks.compacted(
-            turn, result, action=action, tokens_before=served.input_tokens, reactive=False
         )
 
     def _triggered(self, body: dict[str, Any], served: _Served) -> Response:
         """The answer to a `compaction_trigger`: a completed response whose one output item is
         the compaction item, streamed when the request streams."""
-        item = served.item
-        response = {
-            "id": _new_id("resp"),
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "completed",
-            "error": None,
-            "incomplete_details": None,
-            "instructions": body.get("instructions"),
-            "metadata": body.get("metadata") or {},
-            "model": body["model"],
-            "output": [item],
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "store": body.get("store", True),
-            "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [],
-            "usage": served.usage,
-        }
         self._count("trigger", served)
-        headers = served.headers
+        response = answers.completed(body, served.item, served.usage)
         if not body.get("stream"):
-            return Response(orjson.dumps(response), media_type="application/json", headers=headers)
-        opening = {**response, "status": "in_progress", "output": [], "usage": None}
-        # As the API streams it: no events between these two, its content only when done.
-        opened = {k: v for k, v in item.items() if k != "encrypted_content"}
-        events: list[tuple[str, dict[str, Any]]] = [
-            ("response.created", {"response": opening}),
-            ("response.in_progress", {"response": opening}),
-            ("response.output_item.added", {"output_index": 0, "item": opened}),
-            ("response.output_item.done", {"output_index": 0, "item": item}),
-            ("response.completed", {"response": response}),
-        ]
-        frames = [
-            f"event: {kind}\ndata: ".encode()
-            + orjson.dumps({"type": kind, "sequence_number": n, **fields})
-            + b"\n\n"
-            for n, (kind, fields) in enumerate(events)
-        ]
-        return Response(
-            b"".join(frames),
-            media_type="text/event-stream",
-            headers=dict(SSE_HEADERS) | headers,
-        )
+            json = orjson.dumps(response)
+            return Response(json, media_type="application/json", headers=served.headers)
+        headers = dict(SSE_HEADERS) | served.headers
+        return Response(answers.events(response), media_type="text/event-stream", headers=headers)
 
     def _count(self, via: str, served: _Served) -> None:
         self.metrics.answered("provider_compaction", 200, served.labels)
@@ -362,13 +252,7 @@ class _Served:
 
     @property
     def usage(self) -> dict[str, Any]:
-        return {
-            "input_tokens": self.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": self.input_tokens + self.output_tokens,
-        }
+        return answers.usage(self.input_tokens, self.output_tokens)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -389,18 +273,6 @@ def may_hold_items(raw: bytes) -> bool:
     return (_ITEMS in raw and (MARKER in raw or _TRIGGER in raw)) or _ESCAPE.search(raw) is not None
 
 
-def _summary_cap(policy: policies.Policy, budget: policies.Budget, tokens: int) -> int:
-    """The summary's cap as the policy's summarize layer sets it: a share of what it covers,
-    and of the target."""
-    params = next(
-        (p for name, p in policy.layers if isinstance(p, policies.SummarizeParams)),
-        policies.SummarizeParams(),
-    )
-    target = budget.target_tokens
-    cap = min(int(params.input_share * tokens), int(params.target_share * target))
-    return max(MIN_SUMMARY_TOKENS, cap)
-
-
 def _listed(given: Any) -> list[Any]:
     """`input` as a list of items (a string is one user message)."""
     if isinstance(given, str):
@@ -410,22 +282,6 @@ def _listed(given: Any) -> list[Any]:
 
 def _is_trigger(item: Any) -> bool:
     return isinstance(item, dict) and item.get("type") == TRIGGER
-
-
-def _user_message(item: Any) -> dict[str, Any] | None:
-    """A user message of the input as the compact endpoint answers it (an item with an id,
-    its content as parts); None for every other item."""
-    if not (isinstance(item, dict) and item_type(item) == "message" and item.get("role") == "user"):
-        return None
-    content = item.get("content")
-    if isinstance(content, str):
-        content = [{"type": "input_text", "text": content}]
-    message = {"id": _new_id("msg"), "type": "message", "status": "completed", "role": "user"}
-    return message | {"content": content}
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 def _replayed(request: Request, body: bytes) -> Request:

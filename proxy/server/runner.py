@@ -1,4 +1,4 @@
-"""The proxy under uvicorn, and how it stops on SIGTERM or SIGINT.
+"""The proxy under uvicorn: its settings, and how it stops on SIGTERM or SIGINT.
 
 uvicorn alone stops accepting at once, then waits without end for every open response (an
 endless stream keeps the process alive) and exits by re-raising the signal. Here the first
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import socket
 import time
@@ -21,11 +22,32 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
-from proxy.config import Listen
+from proxy.config import Config, Listen
 from proxy.server.gate import Gate
 
 log = logging.getLogger("compaction_proxy")
+
+
+def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.Config:
+    """uvicorn's settings for the proxy: uvloop and httptools when installed, and the
+    upstream's own Date and Server headers relayed instead of uvicorn's. The gate ends what is
+    left when the shutdown's grace is over; uvicorn's own bound only backs it up."""
+    options: dict[str, object] = {
+        "host": config.listen.host,
+        "port": config.listen.port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
+        # Nothing reads the client's address or scheme: X-Forwarded-* need not be read.
+        "proxy_headers": False,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": math.ceil(config.listen.shutdown_grace_seconds) + 5,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)  # type: ignore[arg-type]
 
 
 class Server(uvicorn.Server):

@@ -114,8 +114,8 @@ def _print_json(data: Any) -> None:
 
 def _serve(config: config_module.Config) -> int:
     from proxy.observability.logs import configure
-    from proxy.server.app import create_app, server_config
-    from proxy.server.runner import Server
+    from proxy.server.app import create_app
+    from proxy.server.runner import Server, server_config
 
     configure(config.logging)
     app = create_app(config, freeze_heap=True)
