@@ -16,7 +16,12 @@ What the Responses API remembers (stored responses, the items it produced, the p
 Behaviours come from the ``x-fake-behavior`` request header, else from ``up.behavior``: a comma
 separated list of ``hang``, ``slow-stream[:seconds]``, ``reset-mid-stream[:events]``,
 ``status:NNN``, ``tool-call``, ``gzip``, ``redirect``. Settings (``behavior``, ``summarizer``,
-``summary_delay``, ``stream_delay``, ``api_key``) may be changed between requests.
+``summary_delay``, ``script``, ``stream_delay``, ``api_key``) may be changed between requests.
+
+A ``script`` (a scripted model, as bench/agent_clients.py drives real agent clients with) answers
+Responses requests that are not summaries: a ``Scripted`` call of one of the request's tools, or
+a text. ``up.answered`` keeps the usage of every answer with its request, ``up.rejected`` counts
+the API errors.
 
 Summary requests (header ``x-compaction-summary: 1``, or a system or developer message, or
 Responses ``instructions``, starting with ``SUMMARY_PROMPT_PREFIX``) are answered by the
@@ -39,9 +44,12 @@ from tests.fake_upstream.common import (
     IMAGE_TOKENS,
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
+    Answered,
     ApiError,
     FakeServer,
     RecordedRequest,
+    Script,
+    Scripted,
     Summarizer,
     SummaryResult,
     count_text,
@@ -69,10 +77,13 @@ __all__ = [
     "REASONING_TOKENS",
     "SUMMARY_HEADER",
     "SUMMARY_PROMPT_PREFIX",
+    "Answered",
     "ApiError",
     "FakeServer",
     "FakeUpstream",
     "RecordedRequest",
+    "Script",
+    "Scripted",
     "Summarizer",
     "SummaryResult",
     "check_window",

@@ -76,6 +76,29 @@ class RecordedRequest:
     json: Any  # the parsed body, None when it is not JSON
 
 
+@dataclass(frozen=True)
+class Answered:
+    """The usage a fake reported in an answer, and the request it answered."""
+
+    request: RecordedRequest
+    usage: Mapping[str, Any]  # as the API reports it
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """A scripted model's answer: a call of the request's tool named `tool` with `arguments`
+    (a JSON object for a function tool, the input text for a custom one), else `text`."""
+
+    text: str = ""
+    tool: str | None = None
+    arguments: Any = None
+
+
+# A scripted model (the fakes' `script`): the answer to a request's headers and body, or None
+# for the fake's own answer. Summary requests never reach it.
+Script = Callable[[Mapping[str, str], dict[str, Any]], Scripted | None]
+
+
 # -- tokens ---------------------------------------------------------------------------------------
 
 
@@ -238,6 +261,9 @@ def parse_behavior(
     return behaviors
 
 
+_RECORDED = web.RequestKey("recorded", RecordedRequest)
+
+
 class FakeServer:
     """A fake API on loopback, in a thread with its own loop: every request goes to `_handle`.
     It remembers its traffic: the requests (when `record`) and counters, with `wait_for` woken
@@ -251,7 +277,8 @@ class FakeServer:
         self.client_max_size = max_body_bytes
         self._changed = threading.Condition(threading.RLock())
         self._requests: list[RecordedRequest] = []
-        self._counts = dict.fromkeys(("cancelled", "summary_calls", *counters), 0)
+        self._answered: list[Answered] = []
+        self._counts = dict.fromkeys(("cancelled", "summary_calls", "rejected", *counters), 0)
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -310,6 +337,18 @@ class FakeServer:
             return list(self._requests)
 
     @property
+    def answered(self) -> list[Answered]:
+        """A snapshot of the usage of every answer to a recorded request, oldest first."""
+        with self._changed:
+            return list(self._answered)
+
+    @property
+    def rejected(self) -> int:
+        """Requests answered with an API error (4xx, 5xx)."""
+        with self._changed:
+            return self._counts["rejected"]
+
+    @property
     def cancelled(self) -> int:
         """Requests whose client went away before the answer was complete."""
         with self._changed:
@@ -337,6 +376,7 @@ class FakeServer:
     def _forget(self) -> None:
         """The requests and counters, back to none (the caller holds the lock)."""
         self._requests.clear()
+        self._answered.clear()
         self._counts = dict.fromkeys(self._counts, 0)
 
     def _note(self, request: web.BaseRequest, raw: bytes, data: Any) -> None:
@@ -344,9 +384,17 @@ class FakeServer:
             recorded = RecordedRequest(
                 request.method, raw_path(request), request.query_string, request.headers, raw, data
             )
+            request[_RECORDED] = recorded
             with self._changed:
                 self._requests.append(recorded)
                 self._changed.notify_all()
+
+    def note_usage(self, request: web.BaseRequest, usage: Mapping[str, Any]) -> None:
+        """Remember the usage of an answer to `request` (when it was recorded)."""
+        recorded = request.get(_RECORDED)
+        if recorded is not None:
+            with self._changed:
+                self._answered.append(Answered(recorded, usage))
 
 
 def raw_path(request: web.BaseRequest) -> str:

@@ -46,6 +46,8 @@ PARAMS = frozenset(
     # also in openai-python's ResponseCreateParams (accepted, then ignored):
     + _names("""context_management prompt_cache_retention prompt_cache_options background_options
     access_programs moderation image""")
+    # also sent by Codex CLI 0.171 to every provider, its own host's included
+    + _names("client_metadata")
 )
 COMPACT_PARAMS = frozenset(
     _names("""model input instructions previous_response_id prompt_cache_key prompt_cache_options

@@ -21,6 +21,7 @@ from tests.fake_upstream.common import (
     SERVER_ERROR,
     ApiError,
     FakeServer,
+    Script,
     Summarizer,
     abort,
     bad,
@@ -83,14 +84,13 @@ class FakeUpstream(FakeServer):
         stream_delay: float = 0.05,
         summarizer: Summarizer = default_summary,
         summary_delay: float = 0.0,
+        script: Script | None = None,
         api_key: str | None = None,
         provider_compaction: bool = True,
         record: bool = True,
         port: int = 0,
     ) -> None:
-        super().__init__(
-            "compact_calls", "rejected", record=record, port=port, max_body_bytes=100 * 2**20
-        )
+        super().__init__("compact_calls", record=record, port=port, max_body_bytes=100 * 2**20)
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -98,6 +98,7 @@ class FakeUpstream(FakeServer):
         self.stream_delay = stream_delay
         self.summarizer = summarizer
         self.summary_delay = summary_delay
+        self.script = script  # the Responses API's answers; None: the fake's own
         self.api_key = api_key  # None: any credential is accepted
         # False: a server without provider compaction (a local one): no /v1/responses/compact,
         # and compaction and compaction_trigger items are types it does not know.
@@ -111,12 +112,6 @@ class FakeUpstream(FakeServer):
     @property
     def base_url(self) -> str:
         return f"{self.origin}/v1"
-
-    @property
-    def rejected(self) -> int:
-        """Requests answered with an API error (4xx, 5xx)."""
-        with self._changed:
-            return self._counts["rejected"]
 
     @property
     def compact_calls(self) -> int:
