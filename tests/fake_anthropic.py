@@ -1191,12 +1191,7 @@ class FakeAnthropic(FakeServer):
     # -- requests ---------------------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        try:
-            data = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            data = None
-        self._note(request, raw, data)
+        raw, data, _ = await self._receive(request)
         try:
             counting = request.path == "/v1/messages/count_tokens" and self.count_behavior
             default = self.count_behavior if counting else self.behavior

@@ -797,7 +797,9 @@ def test_overflow_is_a_400_before_streaming(client: openai.OpenAI) -> None:
     assert caught.value.body == error(OVERFLOW, "input", "context_length_exceeded")["error"]
 
 
-def test_overflow_streamed_is_a_failed_response(client: openai.OpenAI, http: httpx.Client) -> None:
+def test_overflow_streamed_is_a_failed_response(
+    up: FakeUpstream, client: openai.OpenAI, http: httpx.Client
+) -> None:
     body = {"model": "small-8k", "input": lorem(9000), "stream": True}
     with http.stream("POST", RESPONSES, json=body) as response:
         raw = b"".join(response.iter_raw())
@@ -815,6 +817,7 @@ def test_overflow_streamed_is_a_failed_response(client: openai.OpenAI, http: htt
     last = list(stream)[-1]
     assert last.type == "response.failed" and last.response.error is not None
     assert last.response.error.code == "context_length_exceeded"
+    assert up.rejected == 2  # an error, though streamed after a 200
 
 
 def test_window_boundary_and_output_budget(up: FakeUpstream, client: openai.OpenAI) -> None:

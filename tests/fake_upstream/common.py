@@ -344,7 +344,7 @@ class FakeServer:
 
     @property
     def rejected(self) -> int:
-        """Requests answered with an API error (4xx, 5xx)."""
+        """Requests answered with an API error: a 4xx or 5xx, or a stream that failed."""
         with self._changed:
             return self._counts["rejected"]
 
@@ -379,15 +379,27 @@ class FakeServer:
         self._answered.clear()
         self._counts = dict.fromkeys(self._counts, 0)
 
-    def _note(self, request: web.BaseRequest, raw: bytes, data: Any) -> None:
-        if self.record:
-            recorded = RecordedRequest(
-                request.method, raw_path(request), request.query_string, request.headers, raw, data
-            )
-            request[_RECORDED] = recorded
-            with self._changed:
-                self._requests.append(recorded)
-                self._changed.notify_all()
+    async def _receive(self, request: web.BaseRequest) -> tuple[bytes, Any, RecordedRequest | None]:
+        """The request's body, raw and parsed (None when it is not JSON), and its record."""
+        raw = await request.read()
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        return raw, data, self._note(request, raw, data)
+
+    def _note(self, request: web.BaseRequest, raw: bytes, data: Any) -> RecordedRequest | None:
+        """Record the request (when recording): what was recorded."""
+        if not self.record:
+            return None
+        recorded = RecordedRequest(
+            request.method, raw_path(request), request.query_string, request.headers, raw, data
+        )
+        request[_RECORDED] = recorded
+        with self._changed:
+            self._requests.append(recorded)
+            self._changed.notify_all()
+        return recorded
 
     def note_usage(self, request: web.BaseRequest, usage: Mapping[str, Any]) -> None:
         """Remember the usage of an answer to `request` (when it was recorded)."""

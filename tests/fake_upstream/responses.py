@@ -386,6 +386,7 @@ async def handle(
     if prompt > window:
         if not body.get("stream"):
             raise bad(OVERFLOW, "input", "context_length_exceeded")
+        up.bump("rejected")
         error = {"code": "context_length_exceeded", "message": OVERFLOW}
         failed = _response(body, response_id, status="failed", error=error)
         return await up.stream(request, _events(failed, obfuscate), behaviors, SSE)

@@ -135,12 +135,7 @@ class FakeUpstream(FakeServer):
         response.headers["x-request-id"] = "req_" + os.urandom(12).hex()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        try:
-            data = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            data = None
-        self._note(request, raw, data)
+        raw, data, _ = await self._receive(request)
         try:
             behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
         except ValueError as exc:
