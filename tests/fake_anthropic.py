@@ -23,7 +23,7 @@ error texts users reported verbatim in issue trackers):
   permitted"``, also in blocks (``messages.1.content.0.thinking.cache_control``: thinking blocks
   take no cache_control) and tools (``tools.0.custom.parameters``); beta fields
   (``context_management``, ``mcp_servers``) only with their ``anthropic-beta`` value;
-  ``metadata`` only has ``user_id``.
+  ``metadata`` only has ``user_id``; a message's ``output_config`` with ``per-turn-control-``.
 - Messages: roles user and assistant, and ``system`` right after a user turn (Opus 4.8's
   mid-conversation system messages); consecutive same-role turns are merged; the first message
   may be an assistant one (Anthropic's API accepts it since late 2024; Bedrock, and this fake
@@ -181,6 +181,8 @@ _COUNT_FIELDS = _names(
     "model messages system tools tool_choice thinking cache_control output_config speed"
 )
 _BETA_FIELDS = {"context_management": "context-management-", "mcp_servers": "mcp-client-"}
+# a message's own settings (Claude Code 2.1.332 sends its effort on each turn with this beta)
+_MESSAGE_BETA_FIELDS = {"output_config": "per-turn-control-"}
 _BLOCK_FIELDS = {  # the fields of each content block param, by type (the SDK's TypedDicts)
     "text": _names("type text cache_control citations"),
     "image": _names("type source cache_control transformations"),
@@ -507,7 +509,9 @@ def _check_text(text: str, where: str = "messages") -> None:
         raise _bad(f"{where}: text content blocks must contain non-whitespace text")
 
 
-def _message_blocks(index: int, message: Any) -> tuple[str, list[dict[str, Any]], list[list[str]]]:
+def _message_blocks(
+    index: int, message: Any, betas: list[str]
+) -> tuple[str, list[dict[str, Any]], list[list[str]]]:
     """(role, its content as blocks, each block's breakpoint TTLs) of a schema-valid message."""
     where = f"messages.{index}"
     if not isinstance(message, dict):
@@ -518,7 +522,10 @@ def _message_blocks(index: int, message: Any) -> tuple[str, list[dict[str, Any]]
     if role not in ("user", "assistant", "system"):
         raise _bad(f"{where}.role: Input should be 'user', 'assistant' or 'system'")
     for key in message:
-        if key not in ("role", "content"):
+        prefix = _MESSAGE_BETA_FIELDS.get(key)
+        if key not in ("role", "content") and not (
+            prefix and any(b.startswith(prefix) for b in betas)
+        ):
             raise _extra(f"{where}.{key}")
     if "content" not in message:
         raise _required(f"{where}.content")
@@ -904,7 +911,7 @@ def parse_request(
     tool_ttls = _check_tools(body)
     mode, display = _check_thinking(body, betas, count_only)
     messages = body["messages"]
-    parsed = [_message_blocks(n, message) for n, message in enumerate(messages)]
+    parsed = [_message_blocks(n, message, betas) for n, message in enumerate(messages)]
     roles_blocks = [(role, blocks) for role, blocks, _ in parsed]
     for index, (role, blocks) in enumerate(roles_blocks):
         _check_roles(role, index, blocks)

@@ -549,6 +549,15 @@ def test_beta_fields_and_beta_path(client: anthropic.Anthropic, up: FakeAnthropi
     assert request.headers["anthropic-beta"] == "context-management-2025-06-27"
 
 
+def test_a_turns_own_output_config_needs_its_beta(http: httpx.Client) -> None:
+    turn = {"role": "user", "content": "Hi", "output_config": {"effort": "medium"}}
+    payload = body(messages=[turn])
+    assert rejects(http, payload) == "messages.0.output_config: Extra inputs are not permitted"
+    beta = {"anthropic-beta": "per-turn-control-2026-07-01"}  # Claude Code 2.1.332's
+    answer = http.post("/v1/messages", json=payload, headers=beta)
+    assert answer.status_code == 200, answer.text
+
+
 def test_thinking_display_updates_needs_its_beta(http: httpx.Client) -> None:
     thinking = {**THINKING, "display": "updates"}
     payload = body(max_tokens=2000, thinking=thinking)

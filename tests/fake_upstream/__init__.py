@@ -42,6 +42,7 @@ from tests.fake_upstream.chat import (
 from tests.fake_upstream.common import (
     BEHAVIOR_HEADER,
     IMAGE_TOKENS,
+    RECORDING_KEY,
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
     Answered,
@@ -75,6 +76,7 @@ __all__ = [
     "ENCRYPTED_TOKENS",
     "IMAGE_TOKENS",
     "REASONING_TOKENS",
+    "RECORDING_KEY",
     "SUMMARY_HEADER",
     "SUMMARY_PROMPT_PREFIX",
     "Answered",

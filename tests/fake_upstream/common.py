@@ -31,6 +31,9 @@ BEHAVIOR_HEADER = "x-fake-behavior"
 SUMMARY_HEADER = "x-compaction-summary"
 SUMMARY_PROMPT_PREFIX = "You are compacting a conversation"
 IMAGE_TOKENS = 85  # what OpenAI charges for a low-detail image
+# The signing key of the fakes that recorded tests/data/clients (bench/agent_clients.py): fakes
+# given it accept the encrypted reasoning and the thinking signatures those requests carry.
+RECORDING_KEY = b"compaction-proxy agents-e2e"
 
 SummaryResult = str | Exception | None
 Summarizer = Callable[[dict[str, Any]], SummaryResult | Awaitable[SummaryResult]]

@@ -87,6 +87,7 @@ class FakeUpstream(FakeServer):
         script: Script | None = None,
         api_key: str | None = None,
         provider_compaction: bool = True,
+        signing_key: bytes | None = None,
         record: bool = True,
         port: int = 0,
     ) -> None:
@@ -103,7 +104,9 @@ class FakeUpstream(FakeServer):
         # False: a server without provider compaction (a local one): no /v1/responses/compact,
         # and compaction and compaction_trigger items are types it does not know.
         self.provider_compaction = provider_compaction
-        self.memory = Memory()  # what the Responses API remembers between requests
+        # What the Responses API remembers between requests; `signing_key` lets two fakes accept
+        # each other's encrypted content.
+        self.memory = Memory(signing_key)
 
     @property
     def origin(self) -> str:
