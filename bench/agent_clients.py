@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' fa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_model import AgentModel, Fact, extractive_summary, make_workspace, task
-from agent_report import Run, print_report, report, save_fixtures
+from agent_report import Run, print_report, report, save_fixtures, save_traffic
 from common import ROOT, Server, proxy
 from recorder import Recorder
 
 from tests.fake_anthropic import FakeAnthropic
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import RECORDING_KEY, FakeUpstream
 
 Fake = FakeUpstream | FakeAnthropic
 
@@ -125,7 +125,7 @@ CODEX = Client(
 )
 CLAUDE = Client(
     "claude",
-    "claude-sonnet-4-5",
+    "claude-opus-5-5",  # Claude Code 2.1.332's default
     32_768,  # the smallest power of two that holds Claude Code's fixed prompt
     "messages",
     FakeAnthropic,
@@ -155,7 +155,10 @@ def proxy_config(client: Client, fake: Fake) -> str:
 def _servers(client: Client, model: AgentModel) -> Iterator[tuple[Fake, Server, Recorder]]:
     script = model.responses if client.dialect == "responses" else model.messages
     fake = client.fake(
-        windows={client.model: client.window}, script=script, summarizer=extractive_summary
+        windows={client.model: client.window},
+        script=script,
+        summarizer=extractive_summary,
+        signing_key=RECORDING_KEY,  # the fixtures' reasoning and thinking stay verifiable
     )
     with fake, proxy(proxy_config(client, fake)) as server:
         origin = server.url.removesuffix("/v1")
@@ -267,9 +270,11 @@ def main() -> None:
         run = run_client(client, args)
         reports[client.name] = report(run)
         print_report(reports[client.name])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        saved = save_traffic(run, args.out.with_suffix(""))
         if args.fixtures is not None:
-            save_fixtures(run, args.fixtures)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+            saved += save_fixtures(run, args.fixtures)
+        print("written:", *(str(path) for path in saved))
     args.out.write_bytes(orjson.dumps(reports, option=orjson.OPT_INDENT_2))
     print(f"\nreport written to {args.out}")
 

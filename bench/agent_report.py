@@ -30,14 +30,14 @@ from recorder import Exchange
 
 from tests.fake_upstream import Answered, RecordedRequest
 
-# List prices in USD per million tokens. Claude Sonnet 4.5 (Anthropic, September 2025; Claude
-# Code 2.1.332 bills its own usage at these: its `costUSD`); GPT-5 (OpenAI, August 2025),
-# applied to Codex's gpt-5.5, whose own price is not known here. OpenAI bills no cache writes.
+# List prices in USD per million tokens. claude-opus-5-5: as Claude Code 2.1.332 bills it (the
+# pricing tier of its model catalog, read on 2026-11-27). Codex's gpt-5.5: GPT-5's list prices
+# (OpenAI, August 2025), as Codex CLI carries no prices; OpenAI bills no cache writes.
 PRICES = {
-    "claude": {"input": 3.00, "cache_read": 0.30, "cache_write_5m": 3.75, "cache_write_1h": 6.00},
+    "claude": {"input": 4.00, "cache_read": 0.20, "cache_write_5m": 5.00, "cache_write_1h": 8.00},
     "codex": {"input": 1.25, "cache_read": 0.125, "cache_write_5m": 0.0, "cache_write_1h": 0.0},
 }
-OUTPUT_PRICES = {"claude": 15.00, "codex": 10.00}
+OUTPUT_PRICES = {"claude": 20.00, "codex": 10.00}
 API_PATHS = ("/v1/responses", "/v1/messages")
 SHELLS = frozenset(("exec_command", "shell_command", "shell", "Bash"))
 CLIENT_CONTEXT = {  # what each client sends as its own context, found in a forwarded request
@@ -98,11 +98,22 @@ def main_turns(client: str, requests: Iterable[RecordedRequest]) -> list[Recorde
 
 
 def _conversation_items(body: Mapping[str, Any]) -> tuple[bytes, list[bytes]]:
-    """(the fixed part: instructions or system, and tools; each item of the conversation)."""
+    """(the fixed part: instructions or system, and tools; each item of the conversation),
+    without cache breakpoints: Claude Code moves its own every turn, and the prompt cache
+    does not key on them."""
     items = body.get("input") if "input" in body else body.get("messages")
     items = items if isinstance(items, list) else [items]
-    fixed = orjson.dumps([body.get("instructions"), body.get("system"), body.get("tools")])
-    return fixed, [orjson.dumps(item) for item in items]
+    fixed = [body.get("instructions"), body.get("system"), body.get("tools")]
+    return orjson.dumps(_unmarked(fixed)), [orjson.dumps(_unmarked(item)) for item in items]
+
+
+def _unmarked(value: Any) -> Any:
+    """A JSON value without its `cache_control` fields."""
+    if isinstance(value, list):
+        return [_unmarked(item) for item in value]
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    return value
 
 
 def prefix_stability(turns: Sequence[RecordedRequest]) -> float | None:
@@ -152,6 +163,12 @@ def _facts(facts: Sequence[Fact], text: str) -> dict[str, Any]:
         "verbatim": sum(f.line in text for f in facts),
         "missing": [f.step for f in facts if f.value not in text],
     }
+
+
+def _reminders(body: Mapping[str, Any]) -> dict[str, int]:
+    """Claude Code's `<system-reminder>` texts in a request's messages: all, and how many differ."""
+    found = [t for t in strings(body.get("messages")) if t.lstrip().startswith("<system-reminder>")]
+    return {"blocks": len(found), "distinct": len(set(found))}
 
 
 def _forwarded_rows(log: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -225,8 +242,9 @@ def report(run: Run) -> dict[str, Any]:
         },
         "facts_in_last_request": _facts(run.facts, last),
         "client_context_share": context,
-        "system_reminders_in_last_request": last.count("<system-reminder>"),
+        "system_reminders_in_last_request": _reminders(_body_of(turns[-1]) if turns else {}),
         "prefix_stability": prefix_stability(turns),
+        "client_prefix_stability": prefix_stability(client_turns),  # what the client sent
         "bill": bill(run.client, run.answered),
         "requests": rows,
         "sessions": run.sessions,
@@ -265,7 +283,10 @@ def print_report(figures: Mapping[str, Any]) -> None:
         f"client context in forwarded loop turns: {figures['client_context_share']};"
         f" system reminders in the last: {figures['system_reminders_in_last_request']}"
     )
-    print(f"prefix stability: {figures['prefix_stability']}")
+    print(
+        f"prefix stability: {figures['prefix_stability']} (of the client's own requests:"
+        f" {figures['client_prefix_stability']})"
+    )
     print(f"bill: {money['tokens']} -> ${money['usd_total']} {money['usd']}")
     for number, row in enumerate(figures["requests"], 1):
         tokens = f"{row['tokens_before']!s:>6} -> {row['tokens_after']!s:>6}"
@@ -275,10 +296,42 @@ def print_report(figures: Mapping[str, Any]) -> None:
         )
 
 
+def _headers(headers: Mapping[str, str], leave_out: Iterable[str] = ()) -> dict[str, str]:
+    left_out = set(leave_out)
+    return {str(k): v for k, v in headers.items() if k.lower() not in left_out}
+
+
+def _request(request: RecordedRequest) -> dict[str, Any]:
+    return {
+        "method": request.method,
+        "path": request.path,
+        "query": request.query,
+        "headers": _headers(request.headers),
+        "body": request.json if request.json is not None else request.body.decode(errors="replace"),
+    }
+
+
+def save_traffic(run: Run, stem: Path) -> list[Path]:
+    """Every request the client sent (with its answer's status and headers) and every request
+    the fake received, a JSON object a line: `<stem>-<client>-client.jsonl`, `-forwarded.jsonl`."""
+    client = Path(f"{stem}-{run.client}-client.jsonl")
+    forwarded = Path(f"{stem}-{run.client}-forwarded.jsonl")
+    client.write_bytes(
+        b"".join(
+            orjson.dumps(
+                {**_request(e.request), "status": e.status, "answer_headers": _headers(e.headers)}
+            )
+            + b"\n"
+            for e in run.exchanges
+        )
+    )
+    forwarded.write_bytes(b"".join(orjson.dumps(_request(r)) + b"\n" for r in run.forwarded))
+    return [client, forwarded]
+
+
 def _fixture(run: Run, exchange: Exchange, what: str) -> bytes:
     request = exchange.request
-    transport = ("host", "content-length")  # this run's, not the client's
-    headers = {str(k): v for k, v in request.headers.items() if k.lower() not in transport}
+    headers = _headers(request.headers, ("host", "content-length"))  # this run's, not the client's
     agent = request.headers.get("user-agent", run.client)
     return orjson.dumps(
         {
