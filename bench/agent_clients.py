@@ -126,7 +126,7 @@ CODEX = Client(
 CLAUDE = Client(
     "claude",
     "claude-opus-5-5",  # Claude Code 2.1.332's default
-    32_768,  # the smallest power of two that holds Claude Code's fixed prompt
+    32_768,  # holds Claude Code's fixed prompt with any of its models (~22k with Sonnet 4.5)
     "messages",
     FakeAnthropic,
     _claude_command,
@@ -224,9 +224,9 @@ def run_client(client: Client, args: argparse.Namespace) -> Run:
 def _sessions(server: Server, recorder: Recorder) -> dict[str, Any]:
     """The admin API's view of every session the client's requests named."""
     origin = server.url.removesuffix("/v1")
-    keys = {e.headers.get("x-compaction-session") for e in recorder.exchanges} - {None}
+    keys = {k for e in recorder.exchanges if (k := e.headers.get("x-compaction-session"))}
     found = {}
-    for key in sorted(k for k in keys if k):
+    for key in sorted(keys):
         request = urllib.request.Request(
             f"{origin}/admin/sessions/{key}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
         )
