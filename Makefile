@@ -1,14 +1,15 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   install into .venv and start the proxy on config.yaml (in-memory store)
 #   make test    install into .venv, then lint, type-check and run the whole test suite
-# and, where Docker runs, `make docker-smoke` builds the image and proves it serves.
+# and, where Docker runs, `make docker-smoke` builds the image and proves it serves;
+# `make agents-e2e` runs the real Codex CLI and Claude Code through it (docs/agents-e2e.md).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench docker-smoke lock
+.PHONY: serve test lint bench docker-smoke agents-e2e lock
 
 # Every dependency comes hash-pinned from the lock (requirements/, made by requirements/lock);
 # the project itself then goes in with no dependencies of its own and its pinned build backend.
@@ -49,6 +50,9 @@ bench: $(STAMP)
 
 docker-smoke: $(STAMP)
 	PYTHON=$(BIN)/python scripts/docker-smoke.sh
+
+agents-e2e: $(STAMP)
+	PYTHON=$(BIN)/python scripts/agents-e2e.sh $(ARGS)
 
 lock:
 	requirements/lock

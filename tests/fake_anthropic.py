@@ -23,7 +23,7 @@ error texts users reported verbatim in issue trackers):
   permitted"``, also in blocks (``messages.1.content.0.thinking.cache_control``: thinking blocks
   take no cache_control) and tools (``tools.0.custom.parameters``); beta fields
   (``context_management``, ``mcp_servers``) only with their ``anthropic-beta`` value;
-  ``metadata`` only has ``user_id``.
+  ``metadata`` only has ``user_id``; a message's ``output_config`` with ``per-turn-control-``.
 - Messages: roles user and assistant, and ``system`` right after a user turn (Opus 4.8's
   mid-conversation system messages); consecutive same-role turns are merged; the first message
   may be an assistant one (Anthropic's API accepts it since late 2024; Bedrock, and this fake
@@ -34,10 +34,11 @@ error texts users reported verbatim in issue trackers):
   were found without `tool_result` blocks immediately after: ...``, ``messages.N.content.M:
   unexpected `tool_use_id` found in `tool_result` blocks: ...``).
 - Thinking (``enabled`` with 1024 <= ``budget_tokens`` < ``max_tokens``, ``adaptive``, display
-  ``omitted``): blocks must come back unmodified (``Invalid `signature` in `thinking`
-  block``); the final assistant turn with ``tool_use`` must start with one (``Expected
-  `thinking` or `redacted_thinking`, but found ...``); the blocks of earlier turns are stripped
-  and not counted; a forcing ``tool_choice`` or a temperature other than 1 is refused.
+  ``omitted``, or ``updates`` with its beta as Claude Code 2.1.332 sends it): blocks must come
+  back unmodified (``Invalid `signature` in `thinking` block``); the final assistant turn with
+  ``tool_use`` must start with one (``Expected `thinking` or `redacted_thinking`, but found
+  ...``); the blocks of earlier turns are stripped and not counted; a forcing ``tool_choice``
+  or a temperature other than 1 is refused.
 - Prompt caching: at most 4 ``cache_control`` blocks (``A maximum of 4 blocks with
   cache_control may be provided. Found N.``), read in the order tools, system, messages, and a
   ``ttl='1h'`` one must not follow a 5m one; a top-level ``cache_control`` marks the last block;
@@ -73,8 +74,10 @@ Behaviours come from the ``x-fake-behavior`` header, else ``up.count_behavior`` 
 ``status:NNN``, ``tool-call``, ``redacted-thinking``, ``gzip``, ``output-only-delta`` (a
 stream's ``message_delta`` usage with ``output_tokens`` alone, as the API sent it before 2025).
 Summary requests (header ``x-compaction-summary: 1``, or a system prompt starting with
-``SUMMARY_PROMPT_PREFIX``) are answered by the ``summarizer`` hook as in the OpenAI fake. The
-cache clock is ``time.monotonic()`` plus what ``up.advance(seconds)`` added.
+``SUMMARY_PROMPT_PREFIX``) are answered by the ``summarizer`` hook as in the OpenAI fake, and
+other requests by the ``script`` when one is set (a ``Scripted`` tool_use or text, as in the
+OpenAI fake). ``up.answered`` keeps the usage of every answer, ``up.rejected`` counts the
+errors. The cache clock is ``time.monotonic()`` plus what ``up.advance(seconds)`` added.
 
 ``python -m tests.fake_anthropic --port 8002 --window claude-small=8192`` serves it until Ctrl-C.
 """
@@ -109,6 +112,8 @@ from tests.fake_upstream import (  # importing it also points tiktoken at its of
     SUMMARY_PROMPT_PREFIX,
     FakeServer,
     RecordedRequest,
+    Script,
+    Scripted,
     Summarizer,
     count_text,
     default_summary,
@@ -131,6 +136,7 @@ OLDEST_API_VERSION = "2023-01-01"
 DEFAULT_WINDOW = 200_000
 LONG_CONTEXT_WINDOW = 1_000_000
 LONG_CONTEXT_BETA = "context-1m-"
+DISPLAY_UPDATES_BETA = "thinking-display-updates-"
 MAX_BODY_BYTES = 32 * 2**20  # the Messages API's request size limit
 ENCODING = "cl100k_base"
 SCALE_PERCENT = 115  # Claude's tokenizer yields more tokens than cl100k on English and code
@@ -176,6 +182,8 @@ _COUNT_FIELDS = _names(
     "model messages system tools tool_choice thinking cache_control output_config speed"
 )
 _BETA_FIELDS = {"context_management": "context-management-", "mcp_servers": "mcp-client-"}
+# a message's own settings (Claude Code 2.1.332 sends its effort on each turn with this beta)
+_MESSAGE_BETA_FIELDS = {"output_config": "per-turn-control-"}
 _BLOCK_FIELDS = {  # the fields of each content block param, by type (the SDK's TypedDicts)
     "text": _names("type text cache_control citations"),
     "image": _names("type source cache_control transformations"),
@@ -364,7 +372,7 @@ class _Prompt:
     blocks: list[_Block]
     turns: list[_Turn]
     thinking: str  # "disabled", "enabled", "adaptive" or "between_tools"
-    display: str  # "summarized" or "omitted"
+    display: str  # "summarized", "omitted" or "updates" (shown as "summarized" is)
     total: int = 0
     prefix: list[int] = field(default_factory=list)  # tokens up to and including each block
     hashes: list[bytes] = field(default_factory=list)  # the hash of each prefix
@@ -502,7 +510,9 @@ def _check_text(text: str, where: str = "messages") -> None:
         raise _bad(f"{where}: text content blocks must contain non-whitespace text")
 
 
-def _message_blocks(index: int, message: Any) -> tuple[str, list[dict[str, Any]], list[list[str]]]:
+def _message_blocks(
+    index: int, message: Any, betas: list[str]
+) -> tuple[str, list[dict[str, Any]], list[list[str]]]:
     """(role, its content as blocks, each block's breakpoint TTLs) of a schema-valid message."""
     where = f"messages.{index}"
     if not isinstance(message, dict):
@@ -513,7 +523,10 @@ def _message_blocks(index: int, message: Any) -> tuple[str, list[dict[str, Any]]
     if role not in ("user", "assistant", "system"):
         raise _bad(f"{where}.role: Input should be 'user', 'assistant' or 'system'")
     for key in message:
-        if key not in ("role", "content"):
+        prefix = _MESSAGE_BETA_FIELDS.get(key)
+        if key not in ("role", "content") and not (
+            prefix and any(b.startswith(prefix) for b in betas)
+        ):
             raise _extra(f"{where}.{key}")
     if "content" not in message:
         raise _required(f"{where}.content")
@@ -597,7 +610,7 @@ def _check_tools(body: Mapping[str, Any]) -> list[list[str]]:
     return ttls
 
 
-def _check_thinking(body: Mapping[str, Any], count_only: bool) -> tuple[str, str]:
+def _check_thinking(body: Mapping[str, Any], betas: list[str], count_only: bool) -> tuple[str, str]:
     """(mode, display) of the request's thinking config."""
     thinking = body.get("thinking")
     if thinking is None:
@@ -611,7 +624,9 @@ def _check_thinking(body: Mapping[str, Any], count_only: bool) -> tuple[str, str
         if key not in _THINKING_FIELDS[mode]:
             raise _extra(f"thinking.{mode}.{key}")
     display = thinking.get("display") or "summarized"
-    if display not in ("summarized", "omitted"):
+    # Claude Code 2.1.332 sends "updates" with its beta (shown here as "summarized" is)
+    updates = display == "updates" and any(b.startswith(DISPLAY_UPDATES_BETA) for b in betas)
+    if display not in ("summarized", "omitted") and not updates:
         raise _bad(f"thinking.{mode}.display: Input should be 'summarized' or 'omitted'")
     if mode == "enabled":
         if "budget_tokens" not in thinking:
@@ -895,9 +910,9 @@ def parse_request(
     _check_top(body, betas, count_only)
     system, system_ttls = _system_blocks(body)
     tool_ttls = _check_tools(body)
-    mode, display = _check_thinking(body, count_only)
+    mode, display = _check_thinking(body, betas, count_only)
     messages = body["messages"]
-    parsed = [_message_blocks(n, message) for n, message in enumerate(messages)]
+    parsed = [_message_blocks(n, message, betas) for n, message in enumerate(messages)]
     roles_blocks = [(role, blocks) for role, blocks, _ in parsed]
     for index, (role, blocks) in enumerate(roles_blocks):
         _check_roles(role, index, blocks)
@@ -1029,6 +1044,16 @@ def _tool_use(body: Mapping[str, Any], raw: bytes) -> dict[str, Any] | None:
     }
 
 
+def _scripted_use(body: Mapping[str, Any], scripted: Scripted, raw: bytes) -> dict[str, Any]:
+    """The script's call, of a tool the request has."""
+    if not any(t.get("name") == scripted.tool for t in body.get("tools") or []):
+        raise AnthropicError(
+            500, f"the script called {scripted.tool!r}, not among the request's tools", "api_error"
+        )
+    use = {"type": "tool_use", "id": _hashed_id("toolu_01", raw), "name": scripted.tool}
+    return {**use, "input": scripted.arguments}
+
+
 def _cut_text(text: str, limit: int) -> str:
     encoding = tiktoken.get_encoding(ENCODING)
     tokens = encoding.encode(text, disallowed_special=())
@@ -1086,6 +1111,7 @@ class FakeAnthropic(FakeServer):
         stream_delay: float = 0.05,
         summarizer: Summarizer = default_summary,
         summary_delay: float = 0.0,
+        script: Script | None = None,
         api_key: str | None = None,
         user_first: bool = False,
         signing_key: bytes | None = None,
@@ -1106,6 +1132,7 @@ class FakeAnthropic(FakeServer):
         self.stream_delay = stream_delay
         self.summarizer = summarizer
         self.summary_delay = summary_delay
+        self.script = script  # the answers to Messages requests; None: the fake's own
         self.api_key = api_key
         self.user_first = user_first  # Bedrock's (and the 2024 API's) rule
         self.max_body_bytes = max_body_bytes
@@ -1172,12 +1199,7 @@ class FakeAnthropic(FakeServer):
     # -- requests ---------------------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        try:
-            data = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            data = None
-        self._note(request, raw, data)
+        raw, data, _ = await self._receive(request)
         try:
             counting = request.path == "/v1/messages/count_tokens" and self.count_behavior
             default = self.count_behavior if counting else self.behavior
@@ -1187,6 +1209,7 @@ class FakeAnthropic(FakeServer):
         try:
             response = await self._respond(request, raw, data, behaviors)
         except AnthropicError as exc:
+            self.bump("rejected")
             response = self._error(request, exc)
         except asyncio.CancelledError:
             if not self._closing:
@@ -1293,12 +1316,10 @@ class FakeAnthropic(FakeServer):
             await asyncio.sleep(self.summary_delay)
             text, tool = await self._summarize(body), None
         else:
-            choice = (body.get("tool_choice") or {}).get("type")
-            wants_tool = "tool-call" in behaviors or choice in ("any", "tool")
-            tool = _tool_use(body, raw) if wants_tool and choice != "none" else None
-            text = reply_text(prompt.total, _last_user_text(prompt))
+            text, tool = self._answer(request, body, raw, prompt, behaviors)
         usage = self._use_cache(prompt)
         reply = self._reply(prompt, text, tool, "redacted-thinking" in behaviors)
+        self.note_usage(request, usage.fields(reply.output_tokens))
         message = {
             "id": _random_id("msg_01", 22),
             "type": "message",
@@ -1318,6 +1339,24 @@ class FakeAnthropic(FakeServer):
         if "reset-mid-stream" in behaviors:  # cut the JSON body half way
             return await self._stream(request, [payload], behaviors, "application/json")
         return web.Response(body=payload, content_type="application/json")
+
+    def _answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        raw: bytes,
+        prompt: _Prompt,
+        behaviors: dict[str, str],
+    ) -> tuple[str, dict[str, Any] | None]:
+        """(text, tool_use) of an answer that is not a summary: the script's, else the fake's."""
+        scripted = None if self.script is None else self.script(request.headers, body)
+        if scripted is not None:
+            tool = None if scripted.tool is None else _scripted_use(body, scripted, raw)
+            return scripted.text, tool
+        choice = (body.get("tool_choice") or {}).get("type")
+        wants_tool = "tool-call" in behaviors or choice in ("any", "tool")
+        tool = _tool_use(body, raw) if wants_tool and choice != "none" else None
+        return reply_text(prompt.total, _last_user_text(prompt)), tool
 
     def _reply(
         self, prompt: _Prompt, text: str, tool: dict[str, Any] | None, redacted: bool

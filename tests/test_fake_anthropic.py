@@ -13,7 +13,7 @@ import pytest
 import tiktoken
 
 from tests.fake_anthropic import FakeAnthropic, scaled
-from tests.fake_upstream import SUMMARY_PROMPT_PREFIX, default_summary
+from tests.fake_upstream import SUMMARY_PROMPT_PREFIX, Scripted, default_summary
 
 KEY = "sk-ant-test"
 MODEL = "claude-fake-sonnet"  # not in the SDK's deprecation or thinking warning lists
@@ -549,6 +549,26 @@ def test_beta_fields_and_beta_path(client: anthropic.Anthropic, up: FakeAnthropi
     assert request.headers["anthropic-beta"] == "context-management-2025-06-27"
 
 
+def test_a_turns_own_output_config_needs_its_beta(http: httpx.Client) -> None:
+    turn = {"role": "user", "content": "Hi", "output_config": {"effort": "medium"}}
+    payload = body(messages=[turn])
+    assert rejects(http, payload) == "messages.0.output_config: Extra inputs are not permitted"
+    beta = {"anthropic-beta": "per-turn-control-2026-07-01"}  # Claude Code 2.1.332's
+    answer = http.post("/v1/messages", json=payload, headers=beta)
+    assert answer.status_code == 200, answer.text
+
+
+def test_thinking_display_updates_needs_its_beta(http: httpx.Client) -> None:
+    thinking = {**THINKING, "display": "updates"}
+    payload = body(max_tokens=2000, thinking=thinking)
+    message = rejects(http, payload)
+    assert message == "thinking.enabled.display: Input should be 'summarized' or 'omitted'"
+    beta = {"anthropic-beta": "thinking-display-updates-2026-08-18"}  # Claude Code 2.1.332's
+    answer = http.post("/v1/messages", json=payload, headers=beta)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["content"][0]["thinking"].startswith("Fake thinking")
+
+
 def test_count_tokens_validates_the_same_way(http: httpx.Client) -> None:
     count = {"model": MODEL, "messages": [ASK, CALLED, ASK]}
     assert rejects(http, count, "/v1/messages/count_tokens") == MISSING
@@ -839,3 +859,61 @@ def test_summary_requests(client: anthropic.Anthropic, up: FakeAnthropic) -> Non
             model=MODEL, max_tokens=100, messages=HELLO, extra_headers={"x-compaction-summary": "1"}
         )
     assert failed.value.body["error"]["type"] == "api_error"
+
+
+def test_a_script_answers_with_its_calls_and_texts(
+    client: anthropic.Anthropic, up: FakeAnthropic
+) -> None:
+    seen: list[list[Any]] = []
+
+    def script(headers: Any, request: dict[str, Any]) -> Scripted | None:
+        seen.append(request["messages"])
+        last = request["messages"][-1]["content"]
+        if isinstance(last, list) and last[0]["type"] == "tool_result":
+            return Scripted(text="Oslo is sunny.")
+        wanted = headers.get("x-wanted", "get_weather")
+        return None if wanted == "own" else Scripted(tool=wanted, arguments={"city": "Oslo"})
+
+    up.script = script
+    try:
+        history, call = tool_round(client, thinking=THINKING)
+        assert [b.type for b in call.content] == ["thinking", "tool_use"]
+        assert call.content[1].type == "tool_use" and call.content[1].input == {"city": "Oslo"}
+        final = client.messages.create(
+            model=MODEL, max_tokens=2000, messages=history, tools=[WEATHER]
+        )
+        assert final.content[0].type == "text" and final.content[0].text == "Oslo is sunny."
+        own = client.messages.create(
+            model=MODEL, max_tokens=100, messages=HELLO, extra_headers={"x-wanted": "own"}
+        )
+        assert own.content[0].type == "text" and own.content[0].text.startswith("Fake reply")
+        with pytest.raises(anthropic.InternalServerError) as failed:
+            client.messages.create(
+                model=MODEL,
+                max_tokens=100,
+                messages=HELLO,
+                tools=[WEATHER],
+                extra_headers={"x-wanted": "get_time"},
+            )
+        assert "'get_time', not among the request's tools" in failed.value.body["error"]["message"]
+        client.messages.create(
+            model=MODEL, max_tokens=100, messages=HELLO, extra_headers={"x-compaction-summary": "1"}
+        )
+    finally:
+        up.script = None
+    assert len(seen) == 4  # the summary request never reached the script
+
+
+def test_answers_keep_their_usage_and_errors_are_counted(
+    client: anthropic.Anthropic, up: FakeAnthropic
+) -> None:
+    answer = client.messages.create(model=MODEL, max_tokens=100, messages=HELLO)
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(
+            model="claude-small", max_tokens=100, messages=[{"role": "user", "content": BIG * 4}]
+        )
+    (answered,) = up.answered
+    assert answered.request is up.requests[0]
+    assert answered.usage["input_tokens"] == answer.usage.input_tokens
+    assert answered.usage["output_tokens"] == answer.usage.output_tokens
+    assert up.rejected == 1

@@ -21,6 +21,7 @@ from tests.fake_upstream import (
     REASONING_TOKENS,
     ApiError,
     FakeUpstream,
+    Scripted,
     count_input_tokens,
     count_prompt_tokens,
     reply_text,
@@ -614,6 +615,7 @@ def test_accepts_what_the_real_api_accepts(http: httpx.Client) -> None:
             text={"verbosity": "low"},
             prompt_cache_retention="24h",
         ),
+        request(HELLO, client_metadata={"thread_id": "t1"}),  # Codex CLI 0.171 sends it
     ]
     for body in accepted:
         response = http.post(RESPONSES, json=body)
@@ -795,7 +797,9 @@ def test_overflow_is_a_400_before_streaming(client: openai.OpenAI) -> None:
     assert caught.value.body == error(OVERFLOW, "input", "context_length_exceeded")["error"]
 
 
-def test_overflow_streamed_is_a_failed_response(client: openai.OpenAI, http: httpx.Client) -> None:
+def test_overflow_streamed_is_a_failed_response(
+    up: FakeUpstream, client: openai.OpenAI, http: httpx.Client
+) -> None:
     body = {"model": "small-8k", "input": lorem(9000), "stream": True}
     with http.stream("POST", RESPONSES, json=body) as response:
         raw = b"".join(response.iter_raw())
@@ -813,6 +817,7 @@ def test_overflow_streamed_is_a_failed_response(client: openai.OpenAI, http: htt
     last = list(stream)[-1]
     assert last.type == "response.failed" and last.response.error is not None
     assert last.response.error.code == "context_length_exceeded"
+    assert up.rejected == 2  # an error, though streamed after a 200
 
 
 def test_window_boundary_and_output_budget(up: FakeUpstream, client: openai.OpenAI) -> None:
@@ -928,6 +933,61 @@ def test_summary_requests_go_to_the_hook() -> None:
                 stream=True,
                 extra_headers={"x-compaction-summary": "1"},
             )
+
+
+# -- a scripted model -----------------------------------------------------------------------------
+
+
+def test_a_script_answers_with_its_calls_and_texts(up: FakeUpstream, http: httpx.Client) -> None:
+    said: list[tuple[str, list[Any]]] = []
+
+    def script(headers: Any, body: dict[str, Any]) -> Scripted | None:
+        said.append((headers["x-turn"], body["input"]))
+        turn = headers["x-turn"]
+        if turn == "function":
+            return Scripted(tool="get_weather", arguments={"city": "Oslo", "days": 2})
+        if turn == "custom":
+            return Scripted(tool="apply_patch", arguments="*** Begin Patch")
+        if turn == "missing":
+            return Scripted(tool="get_time")
+        return Scripted(text="All done.") if turn == "text" else None
+
+    up.script = script
+    try:
+        answers = {}
+        for turn in ("function", "custom", "text", "own", "missing"):
+            body = request(HELLO, tools=[WEATHER, PATCH])
+            answers[turn] = http.post(RESPONSES, json=body, headers={"x-turn": turn})
+        summary = request(HELLO, tools=[WEATHER])
+        http.post(
+            RESPONSES, json=summary, headers={"x-turn": "summary", "x-compaction-summary": "1"}
+        )
+    finally:
+        up.script = None
+    (call,) = answers["function"].json()["output"]
+    assert (call["type"], call["name"]) == ("function_call", "get_weather")
+    assert orjson.loads(call["arguments"]) == {"city": "Oslo", "days": 2}
+    (custom,) = answers["custom"].json()["output"]
+    assert (custom["type"], custom["input"]) == ("custom_tool_call", "*** Begin Patch")
+    assert answers["text"].json()["output"][0]["content"][0]["text"] == "All done."
+    assert answers["own"].json()["output"][0]["content"][0]["text"].startswith("Fake reply")
+    assert answers["missing"].status_code == 500
+    assert "'get_time', not among the request's tools" in answers["missing"].text
+    assert [turn for turn, _ in said] == ["function", "custom", "text", "own", "missing"]
+    assert said[0][1] == HELLO  # the summary request never reached the script
+
+
+def test_answers_keep_their_usage_and_errors_are_counted(
+    up: FakeUpstream, client: openai.OpenAI
+) -> None:
+    answer = client.responses.create(model="gpt-4o-mini", input=HELLO)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="small-8k", input="word " * 9000)
+    (answered,) = up.answered
+    assert answered.request is up.requests[0]
+    assert answer.usage is not None and answered.usage["input_tokens"] == answer.usage.input_tokens
+    assert answered.usage["output_tokens"] == answer.usage.output_tokens
+    assert up.rejected == 1
 
 
 # -- provider compaction --------------------------------------------------------------------------

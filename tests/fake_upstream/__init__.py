@@ -16,7 +16,12 @@ What the Responses API remembers (stored responses, the items it produced, the p
 Behaviours come from the ``x-fake-behavior`` request header, else from ``up.behavior``: a comma
 separated list of ``hang``, ``slow-stream[:seconds]``, ``reset-mid-stream[:events]``,
 ``status:NNN``, ``tool-call``, ``gzip``, ``redirect``. Settings (``behavior``, ``summarizer``,
-``summary_delay``, ``stream_delay``, ``api_key``) may be changed between requests.
+``summary_delay``, ``script``, ``stream_delay``, ``api_key``) may be changed between requests.
+
+A ``script`` (a scripted model, as bench/agent_clients.py drives real agent clients with) answers
+Responses requests that are not summaries: a ``Scripted`` call of one of the request's tools, or
+a text. ``up.answered`` keeps the usage of every answer with its request, ``up.rejected`` counts
+the API errors.
 
 Summary requests (header ``x-compaction-summary: 1``, or a system or developer message, or
 Responses ``instructions``, starting with ``SUMMARY_PROMPT_PREFIX``) are answered by the
@@ -37,11 +42,15 @@ from tests.fake_upstream.chat import (
 from tests.fake_upstream.common import (
     BEHAVIOR_HEADER,
     IMAGE_TOKENS,
+    RECORDING_KEY,
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
+    Answered,
     ApiError,
     FakeServer,
     RecordedRequest,
+    Script,
+    Scripted,
     Summarizer,
     SummaryResult,
     count_text,
@@ -67,12 +76,16 @@ __all__ = [
     "ENCRYPTED_TOKENS",
     "IMAGE_TOKENS",
     "REASONING_TOKENS",
+    "RECORDING_KEY",
     "SUMMARY_HEADER",
     "SUMMARY_PROMPT_PREFIX",
+    "Answered",
     "ApiError",
     "FakeServer",
     "FakeUpstream",
     "RecordedRequest",
+    "Script",
+    "Scripted",
     "Summarizer",
     "SummaryResult",
     "check_window",

@@ -310,6 +310,7 @@ async def handle(
         last_user = text_of(users[-1].get("content")) if users else ""
         reply = _text_reply(reply_text(prompt, last_user), encoding, limit)
     choices = body.get("n") or 1
+    up.note_usage(request, _usage(prompt, reply.completion_tokens * choices))
     if body.get("stream"):
         events = _sse_events(body, reply, prompt, choices)
         return await up.stream(request, events, behaviors, "text/event-stream; charset=utf-8")

@@ -31,6 +31,9 @@ BEHAVIOR_HEADER = "x-fake-behavior"
 SUMMARY_HEADER = "x-compaction-summary"
 SUMMARY_PROMPT_PREFIX = "You are compacting a conversation"
 IMAGE_TOKENS = 85  # what OpenAI charges for a low-detail image
+# The signing key of the fakes that recorded tests/data/clients (bench/agent_clients.py): fakes
+# given it accept the encrypted reasoning and the thinking signatures those requests carry.
+RECORDING_KEY = b"compaction-proxy agents-e2e"
 
 SummaryResult = str | Exception | None
 Summarizer = Callable[[dict[str, Any]], SummaryResult | Awaitable[SummaryResult]]
@@ -74,6 +77,29 @@ class RecordedRequest:
     headers: Mapping[str, str]  # case-insensitive
     body: bytes
     json: Any  # the parsed body, None when it is not JSON
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The usage a fake reported in an answer, and the request it answered."""
+
+    request: RecordedRequest
+    usage: Mapping[str, Any]  # as the API reports it
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """A scripted model's answer: a call of the request's tool named `tool` with `arguments`
+    (a JSON object for a function tool, the input text for a custom one), else `text`."""
+
+    text: str = ""
+    tool: str | None = None
+    arguments: Any = None
+
+
+# A scripted model (the fakes' `script`): the answer to a request's headers and body, or None
+# for the fake's own answer. Summary requests never reach it.
+Script = Callable[[Mapping[str, str], dict[str, Any]], Scripted | None]
 
 
 # -- tokens ---------------------------------------------------------------------------------------
@@ -238,6 +264,9 @@ def parse_behavior(
     return behaviors
 
 
+_RECORDED = web.RequestKey("recorded", RecordedRequest)
+
+
 class FakeServer:
     """A fake API on loopback, in a thread with its own loop: every request goes to `_handle`.
     It remembers its traffic: the requests (when `record`) and counters, with `wait_for` woken
@@ -251,7 +280,8 @@ class FakeServer:
         self.client_max_size = max_body_bytes
         self._changed = threading.Condition(threading.RLock())
         self._requests: list[RecordedRequest] = []
-        self._counts = dict.fromkeys(("cancelled", "summary_calls", *counters), 0)
+        self._answered: list[Answered] = []
+        self._counts = dict.fromkeys(("cancelled", "summary_calls", "rejected", *counters), 0)
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -310,6 +340,18 @@ class FakeServer:
             return list(self._requests)
 
     @property
+    def answered(self) -> list[Answered]:
+        """A snapshot of the usage of every answer to a recorded request, oldest first."""
+        with self._changed:
+            return list(self._answered)
+
+    @property
+    def rejected(self) -> int:
+        """Requests answered with an API error: a 4xx or 5xx, or a stream that failed."""
+        with self._changed:
+            return self._counts["rejected"]
+
+    @property
     def cancelled(self) -> int:
         """Requests whose client went away before the answer was complete."""
         with self._changed:
@@ -337,16 +379,37 @@ class FakeServer:
     def _forget(self) -> None:
         """The requests and counters, back to none (the caller holds the lock)."""
         self._requests.clear()
+        self._answered.clear()
         self._counts = dict.fromkeys(self._counts, 0)
 
-    def _note(self, request: web.BaseRequest, raw: bytes, data: Any) -> None:
-        if self.record:
-            recorded = RecordedRequest(
-                request.method, raw_path(request), request.query_string, request.headers, raw, data
-            )
+    async def _receive(self, request: web.BaseRequest) -> tuple[bytes, Any, RecordedRequest | None]:
+        """The request's body, raw and parsed (None when it is not JSON), and its record."""
+        raw = await request.read()
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        return raw, data, self._note(request, raw, data)
+
+    def _note(self, request: web.BaseRequest, raw: bytes, data: Any) -> RecordedRequest | None:
+        """Record the request (when recording): what was recorded."""
+        if not self.record:
+            return None
+        recorded = RecordedRequest(
+            request.method, raw_path(request), request.query_string, request.headers, raw, data
+        )
+        request[_RECORDED] = recorded
+        with self._changed:
+            self._requests.append(recorded)
+            self._changed.notify_all()
+        return recorded
+
+    def note_usage(self, request: web.BaseRequest, usage: Mapping[str, Any]) -> None:
+        """Remember the usage of an answer to `request` (when it was recorded)."""
+        recorded = request.get(_RECORDED)
+        if recorded is not None:
             with self._changed:
-                self._requests.append(recorded)
-                self._changed.notify_all()
+                self._answered.append(Answered(recorded, usage))
 
 
 def raw_path(request: web.BaseRequest) -> str:

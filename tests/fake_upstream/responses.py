@@ -77,6 +77,8 @@ import orjson
 from aiohttp import web
 
 from tests.fake_upstream.common import (
+    ApiError,
+    Scripted,
     bad,
     call_id,
     count_text,
@@ -134,6 +136,18 @@ def _tool(body: Mapping[str, Any], behaviors: Mapping[str, str]) -> dict[str, An
         return None
     chosen: dict[str, Any] = next((t for t in tools if t["name"] == named), tools[0])
     return chosen
+
+
+def _scripted_call(body: Mapping[str, Any], scripted: Scripted) -> tuple[Any, str | None]:
+    """(the request's tool the script calls, its arguments as sent), or (None, None) for text."""
+    if scripted.tool is None:
+        return None, None
+    tools = [t for t in body.get("tools") or [] if t.get("type") in ("function", "custom")]
+    tool = next((t for t in tools if t["name"] == scripted.tool), None)
+    if tool is None:
+        raise ApiError(500, f"the script called {scripted.tool!r}, not among the request's tools")
+    given = scripted.arguments
+    return tool, given if isinstance(given, str) else orjson.dumps(given).decode()
 
 
 def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict[str, Any]:
@@ -221,9 +235,15 @@ async def _answer(
         output.append(reasoning)
         if budget <= 0:
             return output, thought, thought, True
-    tool = None if summary else _tool(body, behaviors)
+    scripted = None if summary or up.script is None else up.script(request.headers, body)
+    if scripted is not None:
+        tool, said = _scripted_call(body, scripted)
+    else:
+        tool, said = (None if summary else _tool(body, behaviors)), None
     if tool is not None:
-        said = sample_arguments(tool.get("parameters") or {}) if tool["type"] == "function" else "x"
+        if said is None:
+            sample = sample_arguments(tool.get("parameters") or {})
+            said = sample if tool["type"] == "function" else "x"
         name_tokens = count_text(tool["name"], encoding)
         said, tokens, cut = cut_text(said, encoding, budget - name_tokens)
         status = "incomplete" if cut else "completed"
@@ -236,7 +256,7 @@ async def _answer(
         output.append(call)
         return output, thought + name_tokens + tokens, thought, cut
     if text is None:
-        text = reply_text(prompt, _last_user(items))
+        text = scripted.text if scripted else reply_text(prompt, _last_user(items))
     text, tokens, cut = cut_text(text, encoding, budget)
     part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
     status = "incomplete" if cut else "completed"
@@ -366,6 +386,7 @@ async def handle(
     if prompt > window:
         if not body.get("stream"):
             raise bad(OVERFLOW, "input", "context_length_exceeded")
+        up.bump("rejected")
         error = {"code": "context_length_exceeded", "message": OVERFLOW}
         failed = _response(body, response_id, status="failed", error=error)
         return await up.stream(request, _events(failed, obfuscate), behaviors, SSE)
@@ -374,6 +395,7 @@ async def handle(
         up.bump("compact_calls")
         compaction = _compaction_item(up)
         usage = _usage(prompt, cached, ENCRYPTED_TOKENS, 0)
+        up.note_usage(request, usage)
         response = _response(body, response_id, output=[compaction], usage=usage)
         _remember(up.memory, response_id, items, [compaction], store)
         if body.get("stream"):
@@ -384,6 +406,7 @@ async def handle(
     answer = await _answer(up, request, raw, body, items, prompt, budget, behaviors)
     output, spent, thought, cut = answer
     fields: dict[str, Any] = {"output": output, "usage": _usage(prompt, cached, spent, thought)}
+    up.note_usage(request, fields["usage"])
     if cut:
         fields |= {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
     response = _response(body, response_id, **fields)
@@ -440,4 +463,5 @@ async def compact(
         "output": output,
         "usage": _usage(prompt, 0, ENCRYPTED_TOKENS, 0),
     }
+    up.note_usage(request, answer["usage"])
     return await _json(up, request, answer, behaviors)

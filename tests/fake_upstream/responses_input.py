@@ -46,6 +46,8 @@ PARAMS = frozenset(
     # also in openai-python's ResponseCreateParams (accepted, then ignored):
     + _names("""context_management prompt_cache_retention prompt_cache_options background_options
     access_programs moderation image""")
+    # also sent by Codex CLI 0.171 to every provider, its own host's included
+    + _names("client_metadata")
 )
 COMPACT_PARAMS = frozenset(
     _names("""model input instructions previous_response_id prompt_cache_key prompt_cache_options
@@ -124,8 +126,9 @@ def put(table: OrderedDict[str, Any], key: str, value: Any, limit: int = 4096) -
 class Memory:
     """What one fake remembers between Responses requests (bounded, oldest forgotten first)."""
 
-    def __init__(self) -> None:
-        self.secret = os.urandom(16)  # encrypted content is only valid for the fake that made it
+    def __init__(self, secret: bytes | None = None) -> None:
+        # encrypted content is only valid for the fake that made it (or one given its secret)
+        self.secret = secret or os.urandom(16)
         self.responses: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()  # id -> context
         self.items: OrderedDict[str, dict[str, Any]] = OrderedDict()  # stored output items by id
         self.follows: OrderedDict[str, str] = OrderedDict()  # item id -> reasoning id before it

@@ -21,6 +21,7 @@ from tests.fake_upstream.common import (
     SERVER_ERROR,
     ApiError,
     FakeServer,
+    Script,
     Summarizer,
     abort,
     bad,
@@ -83,14 +84,14 @@ class FakeUpstream(FakeServer):
         stream_delay: float = 0.05,
         summarizer: Summarizer = default_summary,
         summary_delay: float = 0.0,
+        script: Script | None = None,
         api_key: str | None = None,
         provider_compaction: bool = True,
+        signing_key: bytes | None = None,
         record: bool = True,
         port: int = 0,
     ) -> None:
-        super().__init__(
-            "compact_calls", "rejected", record=record, port=port, max_body_bytes=100 * 2**20
-        )
+        super().__init__("compact_calls", record=record, port=port, max_body_bytes=100 * 2**20)
         parse_behavior(behavior)
         self.windows = dict(windows or {})
         self.default_window = default_window
@@ -98,11 +99,14 @@ class FakeUpstream(FakeServer):
         self.stream_delay = stream_delay
         self.summarizer = summarizer
         self.summary_delay = summary_delay
+        self.script = script  # the Responses API's answers; None: the fake's own
         self.api_key = api_key  # None: any credential is accepted
         # False: a server without provider compaction (a local one): no /v1/responses/compact,
         # and compaction and compaction_trigger items are types it does not know.
         self.provider_compaction = provider_compaction
-        self.memory = Memory()  # what the Responses API remembers between requests
+        # What the Responses API remembers between requests; `signing_key` lets two fakes accept
+        # each other's encrypted content.
+        self.memory = Memory(signing_key)
 
     @property
     def origin(self) -> str:
@@ -111,12 +115,6 @@ class FakeUpstream(FakeServer):
     @property
     def base_url(self) -> str:
         return f"{self.origin}/v1"
-
-    @property
-    def rejected(self) -> int:
-        """Requests answered with an API error (4xx, 5xx)."""
-        with self._changed:
-            return self._counts["rejected"]
 
     @property
     def compact_calls(self) -> int:
@@ -140,12 +138,7 @@ class FakeUpstream(FakeServer):
         response.headers["x-request-id"] = "req_" + os.urandom(12).hex()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        try:
-            data = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            data = None
-        self._note(request, raw, data)
+        raw, data, _ = await self._receive(request)
         try:
             behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
         except ValueError as exc:
