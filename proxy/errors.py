@@ -4,6 +4,7 @@
     ├── ConfigError           the configuration is invalid (proxy.config)
     ├── NoRoute               no configured upstream serves this request's API (proxy.config)
     ├── StreamBroken          an upstream stopped sending in the middle of a body
+    ├── AnswerTooLarge        an answer the proxy reads whole is larger than it holds
     ├── SummaryFailed         the summarizer gave no usable summary
     │   └── SummaryPending        not within the request's wait: finished in the background
     ├── HookFailed            a compaction hook's call failed: left out (proxy.hooks)
@@ -40,6 +41,11 @@ class ProxyError(Exception):
 
 class StreamBroken(ProxyError):
     """The upstream stopped sending in the middle of a body (stalled, reset, closed)."""
+
+
+class AnswerTooLarge(ProxyError):
+    """An answer the proxy reads whole for itself (a summary, a count, a hook's) is larger
+    than it holds (proxy.upstream.bounded)."""
 
 
 class SummaryFailed(ProxyError):

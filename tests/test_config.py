@@ -63,6 +63,7 @@ upstreams:
     timeouts: {{connect: 5, first_byte: 60, stream_idle: 30}}
     retries: 1
     max_connections: 32
+    max_answer_bytes: 4194304
   local:
     base_url: http://127.0.0.1:8001/v1
   bedrock:
@@ -157,7 +158,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     openai = config.upstreams["openai"]
     assert openai.api_key == secrets["CP_TEST_OPENAI_KEY"]
     assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
-    assert (openai.retries, openai.max_connections) == (1, 32)
+    assert (openai.retries, openai.max_connections, openai.max_answer_bytes) == (1, 32, 4 << 20)
     assert openai.name == "openai" and config.upstreams["local"].api_key is None
     assert config.default_context_window == 16384
     model, alias = config.models
@@ -313,6 +314,10 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "    max_connections: 0\n",
             "upstreams.fake.max_connections (<config>, line 4): must be at least 1",
+        ),
+        (
+            MINIMAL + "    max_answer_bytes: 100\n",
+            "upstreams.fake.max_answer_bytes (<config>, line 4): must be at least 1024",
         ),
         (
             MINIMAL + "listen:\n  max_concurrent_requests: 0\n",

@@ -78,6 +78,8 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(("upstreams", name, "retries"), "must be between 0 and 10")
         if upstream.max_connections < 1:
             p(("upstreams", name, "max_connections"), "must be at least 1")
+        if upstream.max_answer_bytes < 1024:
+            p(("upstreams", name, "max_answer_bytes"), "must be at least 1024")
     if isinstance(config.default_upstream, str):
         if config.default_upstream not in config.upstreams:
             p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")

@@ -139,6 +139,8 @@ class Upstream:
     prompt_cache: bool | None = None
     retries: int = 2
     max_connections: int = 512
+    # What of a non-streamed answer the proxy holds to read its usage; past it, relayed.
+    max_answer_bytes: int = 16 * 1024 * 1024
     name: str = dataclasses.field(default="", init=False)
 
     @property
