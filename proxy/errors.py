@@ -17,6 +17,7 @@
         ├── Unauthorized          401
         ├── NotFound              404
         ├── BodyTooLarge          413
+        ├── HeadTooLarge          431  refused by the server's protocol, before any route
         ├── Overloaded            429  listen.max_concurrent_requests are already in flight
         ├── UpstreamUnreachable   502
         ├── StoreUnavailable      503  the session store did not answer (served fail-open
@@ -94,6 +95,10 @@ class NotFound(APIError):
 
 class BodyTooLarge(APIError):
     status_code, error_type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class HeadTooLarge(APIError):
+    status_code, error_type, code = 431, "invalid_request_error", "request_header_fields_too_large"
 
 
 class Overloaded(APIError):

@@ -35,6 +35,8 @@ listen:
   host: 127.0.0.1
   port: 9000
   max_body_bytes: 1048576
+  max_head_bytes: 16384
+  max_header_fields: 50
   max_concurrent_requests: 64
   shutdown_delay_seconds: 2.5
   shutdown_grace_seconds: 10
@@ -146,6 +148,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (config.listen.port, config.listen.max_body_bytes) == (9000, 1048576)
     listen = config.listen
     assert listen.max_concurrent_requests == 64
+    assert (listen.max_head_bytes, listen.max_header_fields) == (16384, 50)
     assert (listen.shutdown_delay_seconds, listen.shutdown_grace_seconds) == (2.5, 10.0)
     assert config.store.url == f"redis://:{secrets['CP_TEST_REDIS_PASSWORD']}@127.0.0.1:6379/2"
     assert (config.store.fail_open, config.store.max_branches, config.store.key_prefix) == (
@@ -318,6 +321,14 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "    max_answer_bytes: 100\n",
             "upstreams.fake.max_answer_bytes (<config>, line 4): must be at least 1024",
+        ),
+        (
+            MINIMAL + "listen:\n  max_head_bytes: 100\n",
+            "listen.max_head_bytes (<config>, line 5): must be at least 1024",
+        ),
+        (
+            MINIMAL + "listen:\n  max_header_fields: 0\n",
+            "listen.max_header_fields (<config>, line 5): must be at least 1",
         ),
         (
             MINIMAL + "listen:\n  max_concurrent_requests: 0\n",

@@ -124,6 +124,10 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         p(("listen", "port"), "must be between 1 and 65535")
     if config.listen.max_body_bytes < 1024:
         p(("listen", "max_body_bytes"), "must be at least 1024")
+    if config.listen.max_head_bytes < 1024:
+        p(("listen", "max_head_bytes"), "must be at least 1024")
+    if config.listen.max_header_fields < 1:
+        p(("listen", "max_header_fields"), "must be at least 1")
     if config.listen.max_concurrent_requests < 1:
         p(("listen", "max_concurrent_requests"), "must be at least 1")
     for key in ("shutdown_delay_seconds", "shutdown_grace_seconds"):

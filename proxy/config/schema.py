@@ -38,6 +38,9 @@ class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 32 * 1024 * 1024
+    # A request's line and header fields (nginx's bound is 32 KiB too; Apache's 100 fields).
+    max_head_bytes: int = 32 * 1024
+    max_header_fields: int = 100
     max_concurrent_requests: int = 512
     shutdown_delay_seconds: float = 5.0
     shutdown_grace_seconds: float = 30.0

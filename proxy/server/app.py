@@ -37,6 +37,7 @@ from proxy.server.admin import Admin
 from proxy.server.gate import Gate
 from proxy.server.handler import Handler
 from proxy.server.incoming import IncomingRequest, query_string, read_body
+from proxy.server.protocol import protocol_for
 from proxy.server.provider_compaction import COMPACT_PATH, ProviderCompaction
 from proxy.server.relay import Relay, until_disconnect
 from proxy.server.tenants import Tenants
@@ -428,6 +429,7 @@ def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.
         # Nothing reads the client's address or scheme: X-Forwarded-* need not be read.
         "proxy_headers": False,
         "lifespan": "on",
+        "http": protocol_for(config.listen),  # httptools', its heads bounded
         "timeout_graceful_shutdown": math.ceil(config.listen.shutdown_grace_seconds) + 5,
     }
     options.update(overrides)
