@@ -1,9 +1,11 @@
 """What the server takes of a client's request before any route sees it: a head within
 `listen.max_head_bytes` and `listen.max_header_fields` (past either, a 431 in the API's error
-shape, and nothing forwarded)."""
+shape, and nothing forwarded), and an answer of unknown length to an HTTP/1.0 client delimited
+by the connection's end."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 
 from tests.conftest import ConfigFactory
 from tests.fake_upstream import FakeUpstream
+from tests.scripted import Request, ScriptedUpstream, chunk, event, stream_head
 from tests.served import served
 from tests.servers import ServerThread, proxy_server
 
@@ -125,3 +128,25 @@ def test_a_huge_head_takes_no_memory(tmp_path: Path, upstream: FakeUpstream) -> 
         assert status == 431
         assert proxy.peak_memory() - before < 8 * MiB
     assert upstream.requests == []
+
+
+async def streaming(request: Request, writer: asyncio.StreamWriter) -> bool:
+    writer.write(stream_head() + event('{"n": 1}') + event("[DONE]") + chunk(b""))
+    return True
+
+
+def test_a_stream_to_an_http_1_0_client_ends_with_the_connection(
+    proxy_config: ConfigFactory,
+) -> None:
+    body = orjson.dumps({"model": "gpt-4o-mini", "messages": [], "stream": True})
+    head = b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    with ScriptedUpstream(streaming) as up:
+        config = proxy_config(upstreams={"fake": {"base_url": up.base_url}})
+        with proxy_server(config) as server:
+            status, headers, relayed = split(exchange(server.port, head + body))
+    assert status == 200
+    assert "transfer-encoding" not in headers  # which HTTP/1.0 does not know
+    assert "content-length" not in headers
+    assert headers["connection"] == "close"
+    assert relayed == b'data: {"n": 1}\n\ndata: [DONE]\n\n'

@@ -1,4 +1,4 @@
-"""The server's HTTP/1.1: uvicorn's httptools protocol, with a bound on request heads.
+"""The server's HTTP/1.1: uvicorn's httptools protocol, with two things it lacks.
 
 A request's head is bounded (`listen.max_head_bytes`, `listen.max_header_fields`). httptools
 holds a header field whole before it hands it on, and uvicorn keeps every field: one request
@@ -7,6 +7,9 @@ whole. Here a head is fed to the parser no more than the bound at a time, and on
 ended within the bound, or has too many fields, gets a 431 in the error shape of its path's
 API (Anthropic's on /v1/messages, else OpenAI's), before authentication and before it is
 forwarded anywhere.
+
+An HTTP/1.0 client knows no chunked encoding: an answer of unknown length (a stream) goes to
+it delimited by the end of the connection, where uvicorn would chunk it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from uvicorn.config import Config as UvicornConfig
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
+    RequestResponseCycle,
 )
 from uvicorn.server import ServerState
 
@@ -97,6 +101,9 @@ class ClientProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         super().on_headers_complete()
+        cycle = self.cycle
+        if self.scope["http_version"] == "1.0" and cycle is not None and cycle.scope is self.scope:
+            cycle.__class__ = CloseDelimited  # uvicorn makes its cycle by name: this one, as 1.0's
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -129,3 +136,21 @@ class ClientProtocol(HttpToolsProtocol):
             transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, transport.close)
         return error
+
+
+class CloseDelimited(RequestResponseCycle):
+    """A request/answer cycle of an HTTP/1.0 client (whose connection ends with the answer):
+    a body of unknown length is written as it comes, and the connection's end ends it."""
+
+    _by_close = False
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            names = {name.lower() for name, _ in message.get("headers", ())}
+            if b"content-length" not in names:
+                self._by_close = True
+                self.chunked_encoding = False  # uvicorn's framing, decided: no chunks
+        elif message["type"] == "http.response.body" and self._by_close:
+            # uvicorn checks each part against a length: each part is its own.
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
