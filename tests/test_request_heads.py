@@ -1,7 +1,7 @@
 """What the server takes of a client's request before any route sees it: a head within
 `listen.max_head_bytes` and `listen.max_header_fields` (past either, a 431 in the API's error
-shape, and nothing forwarded), and an answer of unknown length to an HTTP/1.0 client delimited
-by the connection's end."""
+shape, and nothing forwarded), an answer of unknown length to an HTTP/1.0 client delimited by
+the connection's end, and no `Expect` forwarded."""
 
 from __future__ import annotations
 
@@ -150,3 +150,19 @@ def test_a_stream_to_an_http_1_0_client_ends_with_the_connection(
     assert "content-length" not in headers
     assert headers["connection"] == "close"
     assert relayed == b'data: {"n": 1}\n\ndata: [DONE]\n\n'
+
+
+def test_expect_100_continue_is_not_forwarded(server: ServerThread, upstream: FakeUpstream) -> None:
+    body = orjson.dumps({"model": "small-8k", "messages": [{"role": "user", "content": "hi"}]})
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n"
+    head += b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        answer = b""
+        while received := sock.recv(65536):
+            answer += received
+    assert split(answer)[0] == 200
+    assert "expect" not in upstream.requests[-1].headers

@@ -45,8 +45,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Recomputed by whoever sends the body next.
-_FRAMING = frozenset({"content-length", "host"})
+# Recomputed by whoever sends the body next; and Expect, since the proxy sends a request's body
+# with its head, without waiting for a 100 Continue.
+_FRAMING = frozenset({"content-length", "host", "expect"})
 # Where clients put their upstream credential: OpenAI, Azure, Anthropic.
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
