@@ -36,7 +36,7 @@ from proxy.observability.metrics import CONTENT_TYPE_LATEST, UNROUTED, Metrics
 from proxy.server.admin import Admin
 from proxy.server.gate import Gate
 from proxy.server.handler import Handler
-from proxy.server.incoming import IncomingRequest, query_string, read_body
+from proxy.server.incoming import IncomingRequest, check_path, query_string, read_body
 from proxy.server.protocol import protocol_for
 from proxy.server.provider_compaction import COMPACT_PATH, ProviderCompaction
 from proxy.server.relay import Relay, until_disconnect
@@ -191,9 +191,8 @@ async def refuse_websocket(websocket: WebSocket) -> None:
 
 def _relative_path(request: Request) -> str:
     """The request's path below /v1, still percent-encoded as the client sent it, so that it
-    stays below the upstream's base URL: dot segments (encoded or not) are refused."""
-    if any(segment in (".", "..") for segment in request.scope["path"].split("/")):
-        raise NotFound(f"Invalid URL ({request.method} {request.scope['path']})")
+    stays below the upstream's base URL (`check_path`)."""
+    check_path(request)
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
     return raw.decode("latin-1").partition("?")[0].removeprefix("/v1")
 
