@@ -4,6 +4,7 @@
     ├── ConfigError           the configuration is invalid (proxy.config)
     ├── NoRoute               no configured upstream serves this request's API (proxy.config)
     ├── StreamBroken          an upstream stopped sending in the middle of a body
+    ├── AnswerTooLarge        an answer the proxy reads whole is larger than it holds
     ├── SummaryFailed         the summarizer gave no usable summary
     │   └── SummaryPending        not within the request's wait: finished in the background
     ├── HookFailed            a compaction hook's call failed: left out (proxy.hooks)
@@ -18,6 +19,7 @@
         ├── BodyTooLarge          413
         ├── UpgradeRequired       426  a WebSocket upgrade: the proxy speaks HTTP only
         ├── Overloaded            429  listen.max_concurrent_requests are already in flight
+        ├── HeadTooLarge          431  refused by the server's protocol, before any route
         ├── UpstreamUnreachable   502
         ├── StoreUnavailable      503  the session store did not answer (served fail-open
         │                              unless the config says fail closed)
@@ -41,6 +43,11 @@ class ProxyError(Exception):
 
 class StreamBroken(ProxyError):
     """The upstream stopped sending in the middle of a body (stalled, reset, closed)."""
+
+
+class AnswerTooLarge(ProxyError):
+    """An answer the proxy reads whole for itself (a summary, a count, a hook's) is larger
+    than it holds (proxy.upstream.bounded)."""
 
 
 class SummaryFailed(ProxyError):
@@ -95,6 +102,10 @@ class UpgradeRequired(APIError):
     """A WebSocket upgrade, answered with 426: the client is to send its request over HTTP."""
 
     status_code, error_type, code = 426, "invalid_request_error", "websocket_unsupported"
+
+
+class HeadTooLarge(APIError):
+    status_code, error_type, code = 431, "invalid_request_error", "request_header_fields_too_large"
 
 
 class Overloaded(APIError):

@@ -61,6 +61,21 @@ def test_passthrough_paths_stay_below_the_base_url(
     assert paths == [("/v1/files/a%2Fb", ""), ("/v1/models%3Fx=1", "")]
 
 
+@pytest.mark.parametrize(
+    "path", ["/v1/..;/admin", "/v1/models;x=1", "/v1/%3B/x", "/v1/..\\admin", "/v1/a%5Cb"]
+)
+def test_passthrough_paths_with_a_backslash_or_a_semicolon_are_refused(
+    upstream: FakeUpstream, server: object, http: httpx.Client, path: str
+) -> None:
+    """Servers read them differently (`\\` as `/`, `;` as the start of parameters): `..;/`
+    and `..\\` could go up a level behind the upstream's base URL."""
+    url = server.url  # type: ignore[attr-defined]
+    response = http.send(http.build_request("GET", url + path))
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert upstream.requests == []
+
+
 def test_the_clients_credential_never_goes_to_another_summarizer_upstream(
     upstream: FakeUpstream, http: httpx.Client
 ) -> None:

@@ -35,6 +35,8 @@ listen:
   host: 127.0.0.1
   port: 9000
   max_body_bytes: 1048576
+  max_head_bytes: 16384
+  max_header_fields: 50
   max_concurrent_requests: 64
   shutdown_delay_seconds: 2.5
   shutdown_grace_seconds: 10
@@ -63,6 +65,7 @@ upstreams:
     timeouts: {{connect: 5, first_byte: 60, stream_idle: 30}}
     retries: 1
     max_connections: 32
+    max_answer_bytes: 4194304
   local:
     base_url: http://127.0.0.1:8001/v1
   bedrock:
@@ -145,6 +148,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (config.listen.port, config.listen.max_body_bytes) == (9000, 1048576)
     listen = config.listen
     assert listen.max_concurrent_requests == 64
+    assert (listen.max_head_bytes, listen.max_header_fields) == (16384, 50)
     assert (listen.shutdown_delay_seconds, listen.shutdown_grace_seconds) == (2.5, 10.0)
     assert config.store.url == f"redis://:{secrets['CP_TEST_REDIS_PASSWORD']}@127.0.0.1:6379/2"
     assert (config.store.fail_open, config.store.max_branches, config.store.key_prefix) == (
@@ -157,7 +161,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     openai = config.upstreams["openai"]
     assert openai.api_key == secrets["CP_TEST_OPENAI_KEY"]
     assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
-    assert (openai.retries, openai.max_connections) == (1, 32)
+    assert (openai.retries, openai.max_connections, openai.max_answer_bytes) == (1, 32, 4 << 20)
     assert openai.name == "openai" and config.upstreams["local"].api_key is None
     assert config.default_context_window == 16384
     model, alias = config.models
@@ -313,6 +317,18 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "    max_connections: 0\n",
             "upstreams.fake.max_connections (<config>, line 4): must be at least 1",
+        ),
+        (
+            MINIMAL + "    max_answer_bytes: 100\n",
+            "upstreams.fake.max_answer_bytes (<config>, line 4): must be at least 1024",
+        ),
+        (
+            MINIMAL + "listen:\n  max_head_bytes: 100\n",
+            "listen.max_head_bytes (<config>, line 5): must be at least 1024",
+        ),
+        (
+            MINIMAL + "listen:\n  max_header_fields: 0\n",
+            "listen.max_header_fields (<config>, line 5): must be at least 1",
         ),
         (
             MINIMAL + "listen:\n  max_concurrent_requests: 0\n",

@@ -132,6 +132,8 @@ def test_admin_instructions_come_first_then_the_hooks() -> None:
         ({"status": 500, "answer": {"instructions": INSTRUCTIONS}}, "error"),
         ({"answer": {"instructions": 42}}, "error"),
         ({"answer": ["not", "an", "object"]}, "error"),
+        # Larger than any hook's answer the proxy reads (64 KiB): not read whole.
+        ({"answer": {"instructions": INSTRUCTIONS, "padding": "p" * 100_000}}, "error"),
     ],
 )
 def test_a_failing_pre_compact_hook_is_left_out(behaviour: dict[str, Any], outcome: str) -> None:

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from proxy.config import loads
 from proxy.observability.logs import JsonFormatter
 from proxy.observability.metrics import Metrics
-from proxy.upstream.client import UpstreamClient, UpstreamResponse
+from proxy.upstream.answer import UpstreamResponse
+from proxy.upstream.client import UpstreamClient
 from tests.conftest import ConfigFactory, captured, config_for, metric
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server

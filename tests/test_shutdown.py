@@ -4,11 +4,9 @@ in-flight requests finish within the grace period, endless ones are ended, and t
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,12 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from tests.redis_servers import free_port
 from tests.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
+from tests.served import served
 
-SCRIPT = Path(sys.executable).parent / "compaction-proxy"
 DELAY, GRACE = 1.0, 2.0
 FINITE_EVENTS, EVENT_SECONDS = 6, 0.2  # a stream that ends within the grace period
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -71,37 +67,12 @@ class Reader(threading.Thread):
 @pytest.fixture
 def proxy(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, ScriptedUpstream]]:
     with ScriptedUpstream(streams) as up:
-        port = free_port()
         config = {
             "upstreams": {"up": {"base_url": up.base_url}},
             "listen": {"shutdown_delay_seconds": DELAY, "shutdown_grace_seconds": GRACE},
         }
-        file = tmp_path / "config.yaml"
-        file.write_text(yaml.safe_dump(config))
-        process = subprocess.Popen(
-            [str(SCRIPT), "serve", "--config", str(file), "--port", str(port)],
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 20
-            while not ready(url):
-                assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "the proxy did not become ready"
-                time.sleep(0.05)
-            yield process, url, up
-        finally:
-            if process.poll() is None:
-                process.kill()
-            process.communicate()
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
+        with served(config, tmp_path) as proxy:
+            yield proxy.process, proxy.url, up
 
 
 def accepts(port: int) -> bool:

@@ -36,6 +36,7 @@ from proxy.errors import ProxyError
 from proxy.memo import DEFAULT_MAX_SESSIONS, make_room
 from proxy.models.calibration import Calibration, bounded
 from proxy.observability.metrics import Metrics
+from proxy.upstream.answer import read_whole
 from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("compaction_proxy")
@@ -145,7 +146,7 @@ class ExactCounts:
                     request.upstream, "POST", path, "", headers, api.count_body(body), retries=0
                 )
                 try:
-                    payload = await response.read(timeout)
+                    payload = await read_whole(response, timeout, request.upstream.max_answer_bytes)
                 finally:
                     response.release()
             status = response.status

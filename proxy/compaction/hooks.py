@@ -27,13 +27,16 @@ from proxy.compaction.summarizer import MAX_INSTRUCTIONS, GuardedSummarizer
 from proxy.compaction.turn import Turn
 from proxy.config import Hook
 from proxy.config import Hooks as HooksSettings
-from proxy.errors import HookFailed, StreamBroken
+from proxy.errors import AnswerTooLarge, HookFailed, StreamBroken
 from proxy.observability.metrics import Metrics
+from proxy.upstream.answer import read_whole
 from proxy.upstream.http1 import HTTPError, Pool, Progress
 
 log = logging.getLogger("compaction_proxy")
 
 T = TypeVar("T")
+# A hook answers with instructions of at most MAX_INSTRUCTIONS characters: far less than this.
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 class Hooks:
@@ -175,7 +178,7 @@ class Hooks:
         except TimeoutError:
             self._failed(name, "timeout", f"no answer within {hook.timeout_seconds:g} s")
             return None
-        except HookFailed as exc:
+        except (HookFailed, AnswerTooLarge) as exc:
             self._failed(name, "error", str(exc))
             return None
         except (HTTPError, StreamBroken, OSError, ValueError) as exc:
@@ -190,7 +193,7 @@ class Hooks:
         pool, target = self._pool(hook)
         sent = orjson.dumps(payload)
         response = await pool.request("POST", target, self._headers(hook), sent, Progress())
-        body = await response.read(hook.timeout_seconds)
+        body = await read_whole(response, hook.timeout_seconds, MAX_ANSWER_BYTES)
         response.release()
         if not 200 <= response.status < 300:
             raise HookFailed(f"status {response.status}")

@@ -22,6 +22,7 @@ from proxy.dialects import Dialect, Entitlements, dialect_of_kind
 from proxy.errors import SummaryFailed
 from proxy.models.limits import ModelLimits
 from proxy.observability.metrics import Metrics
+from proxy.upstream.answer import read_whole
 from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("compaction_proxy")
@@ -262,7 +263,8 @@ class LLMSummarizer:
             self.upstream, "POST", path, "", list(headers), body, retries=0
         )
         try:
-            payload = await response.read(self.settings.timeout_seconds)
+            timeout = self.settings.timeout_seconds
+            payload = await read_whole(response, timeout, self.upstream.max_answer_bytes)
         finally:
             response.release()
         if response.status != 200:

@@ -78,6 +78,8 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(("upstreams", name, "retries"), "must be between 0 and 10")
         if upstream.max_connections < 1:
             p(("upstreams", name, "max_connections"), "must be at least 1")
+        if upstream.max_answer_bytes < 1024:
+            p(("upstreams", name, "max_answer_bytes"), "must be at least 1024")
     if isinstance(config.default_upstream, str):
         if config.default_upstream not in config.upstreams:
             p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")
@@ -122,6 +124,10 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         p(("listen", "port"), "must be between 1 and 65535")
     if config.listen.max_body_bytes < 1024:
         p(("listen", "max_body_bytes"), "must be at least 1024")
+    if config.listen.max_head_bytes < 1024:
+        p(("listen", "max_head_bytes"), "must be at least 1024")
+    if config.listen.max_header_fields < 1:
+        p(("listen", "max_header_fields"), "must be at least 1")
     if config.listen.max_concurrent_requests < 1:
         p(("listen", "max_concurrent_requests"), "must be at least 1")
     for key in ("shutdown_delay_seconds", "shutdown_grace_seconds"):

@@ -38,6 +38,9 @@ class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 32 * 1024 * 1024
+    # A request's line and header fields (nginx's bound is 32 KiB too; Apache's 100 fields).
+    max_head_bytes: int = 32 * 1024
+    max_header_fields: int = 100
     max_concurrent_requests: int = 512
     shutdown_delay_seconds: float = 5.0
     shutdown_grace_seconds: float = 30.0
@@ -139,6 +142,8 @@ class Upstream:
     prompt_cache: bool | None = None
     retries: int = 2
     max_connections: int = 512
+    # What of a non-streamed answer the proxy holds to read its usage; past it, relayed.
+    max_answer_bytes: int = 16 * 1024 * 1024
     name: str = dataclasses.field(default="", init=False)
 
     @property

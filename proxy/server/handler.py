@@ -33,10 +33,11 @@ from proxy.errors import InvalidRequest, StreamBroken, UpstreamTimeout, Upstream
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
-from proxy.server.relay import Relay
+from proxy.server.relay import Relay, relayed
 from proxy.server.tenants import Tenants
 from proxy.sessions.sessions import session_id
-from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, relayable
+from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded
+from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, relayable
 
 log = logging.getLogger("compaction_proxy")
 
@@ -111,7 +112,9 @@ class Handler:
         chunks = response.chunks(idle)
         head = b""
         if response.status >= 400 and forward.can_retry:
-            error = await response.read(idle)
+            error = await read_bounded(response, idle, ERROR_BYTES)
+            if isinstance(error, Unread):  # larger than any overflow's error
+                return self._pass_on(labels, forward, error, overhead, idle)
             if not self.dialect.is_overflow(response.status, error):
                 return self._finish(client_request, labels, forward, response, error, overhead)
             overflow = True
@@ -136,13 +139,15 @@ class Handler:
         self.metrics.upstream_latency.labels(*labels).observe(time.perf_counter() - sent)
 
         if parsed.stream and response.status == 200:
-            relayed = _after(head, chunks) if head else chunks
-            return self._relay(client_request, labels, forward, response, relayed, overhead)
+            body = _after(head, chunks) if head else chunks
+            return self._relay(client_request, labels, forward, response, body, overhead)
         try:
-            payload = await response.read(idle)
+            payload = await read_bounded(response, idle, upstream.max_answer_bytes)
         except StreamBroken as exc:
             self.metrics.upstream_errors.labels(upstream.name, "broken_body").inc()
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
+        if isinstance(payload, Unread):
+            return self._pass_on(labels, forward, payload, overhead, idle)
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
     async def count_tokens(self, counting: TokenCounting, request: Request) -> ASGIApp:
@@ -168,8 +173,8 @@ class Handler:
         query = query_string(request)
         send_headers = list(client_request.headers)
         response = await self.client.open(upstream, "POST", path, query, send_headers, body)
-        payload = await response.read(upstream.timeouts.stream_idle)
-        response.release()
+        idle = upstream.timeouts.stream_idle
+        payload = await read_bounded(response, idle, upstream.max_answer_bytes)
         route = f"{counting.name}_count"
         self.metrics.answered(route, response.status, self.labels(client_request))
         shadow = client_request.shadow
@@ -178,7 +183,11 @@ class Handler:
             ("x-compaction-action", shown_action(action, shadow=shadow)),
             *([SHADOW_HEADER] if shadow else []),
         ]
-        return _response(payload, response.status, relayable(response.headers) + own)
+        answered = relayable(response.headers) + own
+        if isinstance(payload, Unread):
+            return relayed(payload, answered, payload.chunks(idle))
+        response.release()
+        return _response(payload, response.status, answered)
 
     def client_request(
         self, headers: Mapping[str, str], tenant: str, parsed: Parsed
@@ -303,7 +312,6 @@ class Handler:
         want_usage = dialect.wants_usage(parsed)
 
         def on_end(head: bytes, tail: bytes, outcome: str) -> None:
-            response.release() if outcome == "complete" else response.close()
             if outcome == "upstream_broken":
                 self.metrics.upstream_errors.labels(request.upstream.name, "broken_stream").inc()
             if want_usage and outcome == "complete":
@@ -316,7 +324,20 @@ class Handler:
                 self._calibrate(request, labels, forward, usage)
 
         self._count(labels, forward, response.status)
-        return Relay(response.status, headers, chunks, on_end)
+        return relayed(response, headers, chunks, on_end)
+
+    def _pass_on(
+        self,
+        labels: RequestLabels,
+        forward: Forward,
+        response: Unread,
+        overhead: float,
+        idle: float,
+    ) -> Relay:
+        """An answer too large to hold, relayed as it comes (its usage unread)."""
+        self._count(labels, forward, response.status)
+        headers = self._headers(forward, response, overhead)
+        return relayed(response, headers, response.chunks(idle))
 
     def _calibrate(
         self, request: ClientRequest, labels: RequestLabels, forward: Forward, usage: Usage | None

@@ -7,7 +7,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 
-from proxy.errors import BodyTooLarge
+from proxy.errors import BodyTooLarge, InvalidRequest, NotFound
 
 
 class RequestHeaders(Headers):
@@ -71,3 +71,14 @@ def query_string(request: Request) -> str:
     """The raw query string (without building a URL object on the hot path)."""
     query: bytes = request.scope.get("query_string", b"")
     return query.decode("latin-1")
+
+
+def check_path(request: Request) -> None:
+    """Refuses a path that could lead out of the upstream's base URL, decoded or not: dot
+    segments (404: nothing is there), and `\\` or `;` (400: some servers read the one as `/`
+    and cut a segment at the other, so that `..;` or `..\\` would go up a level)."""
+    path: str = request.scope["path"]
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise NotFound(f"Invalid URL ({request.method} {path})")
+    if "\\" in path or ";" in path:
+        raise InvalidRequest(f"Invalid URL ({request.method} {path}): no \\ or ; in a path")

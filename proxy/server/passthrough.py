@@ -10,7 +10,7 @@ from proxy.config import Config, Upstream
 from proxy.dialects import DIALECTS
 from proxy.errors import NotFound
 from proxy.observability.metrics import UNROUTED, Metrics
-from proxy.server.incoming import query_string, read_body
+from proxy.server.incoming import check_path, query_string, read_body
 from proxy.server.relay import Relay
 from proxy.server.tenants import Tenants
 from proxy.upstream.client import UpstreamClient, relayable
@@ -78,9 +78,8 @@ class Passthrough:
 
 def _relative_path(request: Request) -> str:
     """The request's path below /v1, still percent-encoded as the client sent it, so that it
-    stays below the upstream's base URL: dot segments (encoded or not) are refused."""
-    if any(segment in (".", "..") for segment in request.scope["path"].split("/")):
-        raise NotFound(f"Invalid URL ({request.method} {request.scope['path']})")
+    stays below the upstream's base URL (`check_path`)."""
+    check_path(request)
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
     return raw.decode("latin-1").partition("?")[0].removeprefix("/v1")
 

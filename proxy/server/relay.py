@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.types import Receive, Scope, Send
 
 from proxy.errors import StreamBroken
+from proxy.upstream.answer import UpstreamResponse
 
 log = logging.getLogger("compaction_proxy")
 
@@ -87,6 +88,23 @@ class Relay:
             return "client_disconnected"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return "complete"
+
+
+def relayed(
+    response: UpstreamResponse,
+    headers: list[tuple[str, str]],
+    chunks: AsyncIterator[bytes],
+    then: Callable[[bytes, bytes, str], None] | None = None,
+) -> Relay:
+    """`response`'s status, `headers` and `chunks` (its body, or what is left of it) relayed;
+    its connection kept when the body went whole, else closed; then `then` (as `on_end`)."""
+
+    def on_end(head: bytes, tail: bytes, outcome: str) -> None:
+        response.release() if outcome == "complete" else response.close()
+        if then is not None:
+            then(head, tail, outcome)
+
+    return Relay(response.status, headers, chunks, on_end)
 
 
 async def until_disconnect(receive: Receive) -> None:

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 
 from proxy.config import Config, Listen
 from proxy.server.gate import Gate
+from proxy.server.protocol import protocol_for
 
 log = logging.getLogger("compaction_proxy")
 
@@ -44,6 +45,7 @@ def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.
         # Nothing reads the client's address or scheme: X-Forwarded-* need not be read.
         "proxy_headers": False,
         "lifespan": "on",
+        "http": protocol_for(config.listen),  # httptools', its heads bounded
         "timeout_graceful_shutdown": math.ceil(config.listen.shutdown_grace_seconds) + 5,
     }
     options.update(overrides)

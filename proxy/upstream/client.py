@@ -17,6 +17,7 @@ from typing import Protocol
 from proxy.config import Upstream
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.metrics import Metrics
+from proxy.upstream.answer import ERROR_BYTES, UpstreamResponse, read_bounded
 from proxy.upstream.http1 import (
     ConnectFailed,
     ConnectTimeout,
@@ -44,8 +45,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Recomputed by whoever sends the body next.
-_FRAMING = frozenset({"content-length", "host"})
+# Recomputed by whoever sends the body next; and Expect, since the proxy sends a request's body
+# with its head, without waiting for a 100 Continue.
+_FRAMING = frozenset({"content-length", "host", "expect"})
 # Where clients put their upstream credential: OpenAI, Azure, Anthropic.
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
@@ -74,30 +76,6 @@ def relayable(
             for token in value.split(",")
         }
     return [pair for name, pair in zip(names, pairs, strict=True) if name not in skip]
-
-
-class UpstreamResponse(Protocol):
-    """An upstream's answer as the request path uses it, whatever carried it."""
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def headers(self) -> list[tuple[str, str]]: ...
-
-    def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
-        """The body as it arrives; a stalled or broken body raises StreamBroken."""
-        ...
-
-    async def read(self, idle_timeout: float) -> bytes:
-        """The whole body (non-streamed answers, error bodies); closes it on failure."""
-        ...
-
-    def release(self) -> None:
-        """Done with a body read to its end: its connection may be reused."""
-
-    def close(self) -> None:
-        """Done early: drop the connection."""
 
 
 class Transport(Protocol):
@@ -135,9 +113,6 @@ class BufferedResponse:
     async def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
         if self._body:
             yield self._body
-
-    async def read(self, idle_timeout: float) -> bytes:
-        return self._body
 
     def release(self) -> None:
         pass
@@ -268,7 +243,9 @@ class UpstreamClient:
             raise self._unreachable(upstream, exc, budget) from None
         if response.status not in RETRY_STATUSES or budget.left <= 0:
             return response
-        payload = await response.read(upstream.timeouts.stream_idle)
+        payload = await read_bounded(response, upstream.timeouts.stream_idle, ERROR_BYTES)
+        if not isinstance(payload, bytes):
+            return payload  # no error this large is the upstream's "not now": relayed
         response.release()
         wait = None
         if not (response.status == 429 and is_quota_error(payload)):

@@ -22,7 +22,8 @@ import orjson
 from proxy.config import Config, Upstream
 from proxy.dialects.openai.shared import openai_error_body
 from proxy.errors import APIError, InvalidRequest, NotFound, StreamBroken, UpstreamTimeout
-from proxy.upstream.client import UpstreamClient, UpstreamResponse
+from proxy.upstream.answer import UpstreamResponse
+from proxy.upstream.client import UpstreamClient
 from proxy.upstream.litellm_errors import Failure, failure
 from proxy.upstream.litellm_setup import (
     check_providers,
@@ -236,9 +237,6 @@ class Whole:
     async def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
         yield self.body
 
-    async def read(self, idle_timeout: float) -> bytes:
-        return self.body
-
     def release(self) -> None:
         pass
 
@@ -282,9 +280,6 @@ class Streamed:
             yield b"data: [DONE]\n\n"
         finally:
             await self._aclose()
-
-    async def read(self, idle_timeout: float) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks(idle_timeout)])
 
     def release(self) -> None:
         self.close()

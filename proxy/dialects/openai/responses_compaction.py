@@ -5,10 +5,12 @@ a `compaction` item whose `encrypted_content` is the proxy's own:
 
     "cpx1:" + base64url( mac[16] | zlib( JSON {"text": summary, "kind": "llm" | "digest"} ) )
 
-`mac` is HMAC-SHA256, under the configured signing key, of the tenant and the rest: the item
-is valid only for the caller it was issued to, and no client can make the proxy forward text
-of its own as a summary. It is signed, not encrypted: the summary is of the caller's own
-conversation, which the caller holds anyway.
+`mac` is HMAC-SHA256, under the configured signing key, of the owner and the rest: no client
+can make the proxy forward text of its own as a summary. The owner is the caller's inbound key
+id where `auth.keys` names callers, and the item opens for that caller only; without them the
+owner is "" (a credential's hash changes as keys rotate), and the item opens for whoever
+holds it. It is signed, not encrypted: the summary is of the caller's own conversation, which
+the caller holds anyway.
 
 Whenever such an item comes back in a request, `expand` puts the summary message in its place
 before anything else reads the request, so that no upstream ever receives an item it cannot
