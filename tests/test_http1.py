@@ -1,6 +1,7 @@
-"""proxy.http1, the client towards the upstreams, against servers on loopback that answer with
-exactly the bytes each case needs: keep-alive, chunks, bodies that end at the connection's
-end or break off, informational answers, HEAD, the pool's bound, flow control, TLS."""
+"""proxy.upstream.pool and proxy.upstream.http1, the client towards the upstreams, against
+servers on loopback that answer with exactly the bytes each case needs: keep-alive, chunks,
+bodies that end at the connection's end or break off, informational answers, HEAD, the pool's
+bound, flow control, TLS."""
 
 from __future__ import annotations
 
@@ -16,16 +17,8 @@ import pytest
 
 from proxy.errors import StreamBroken
 from proxy.upstream import http1
-from proxy.upstream.http1 import (
-    _HIGH_WATER,
-    MAX_HEAD,
-    BadAnswer,
-    ConnectFailed,
-    Disconnected,
-    Pool,
-    Progress,
-    Response,
-)
+from proxy.upstream.http1 import _HIGH_WATER, MAX_HEAD, BadAnswer, Disconnected, Response
+from proxy.upstream.pool import ConnectFailed, Pool, Progress
 
 TLS = Path(__file__).parent / "data" / "tls"  # a self-signed certificate for localhost
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"

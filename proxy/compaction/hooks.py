@@ -29,7 +29,8 @@ from proxy.config import Hook
 from proxy.config import Hooks as HooksSettings
 from proxy.errors import HookFailed, StreamBroken
 from proxy.observability.metrics import Metrics
-from proxy.upstream.http1 import HTTPError, Pool, Progress
+from proxy.upstream.http1 import HTTPError
+from proxy.upstream.pool import Pool, Progress
 
 log = logging.getLogger("compaction_proxy")
 

@@ -1,4 +1,4 @@
-"""The client towards the configured upstreams: HTTP (proxy.http1) and the transports of
+"""The client towards the configured upstreams: HTTP (proxy.upstream.pool) and the transports of
 other kinds (litellm), with the timeouts and retries of proxy.retries.
 
 Bodies are relayed as bytes: no decompression, no redirects, and the URL is always the
@@ -17,14 +17,8 @@ from typing import Protocol
 from proxy.config import Upstream
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.metrics import Metrics
-from proxy.upstream.http1 import (
-    ConnectFailed,
-    ConnectTimeout,
-    Disconnected,
-    HTTPError,
-    Pool,
-    Progress,
-)
+from proxy.upstream.http1 import Disconnected, HTTPError
+from proxy.upstream.pool import ConnectFailed, ConnectTimeout, Pool, Progress
 from proxy.upstream.retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
 
 log = logging.getLogger("compaction_proxy")
@@ -155,7 +149,7 @@ class _Again:
 
 
 class UpstreamClient:
-    """A pool of connections per HTTP upstream (proxy.http1), and the transports of other
+    """A pool of connections per HTTP upstream (proxy.upstream.pool), and the transports of other
     kinds. No credential is kept from one request for the next."""
 
     def __init__(self, metrics: Metrics) -> None:
