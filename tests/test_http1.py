@@ -243,6 +243,32 @@ async def test_the_pool_holds_requests_beyond_its_bound_until_a_connection_is_fr
         pool.close()
 
 
+async def test_those_waiting_are_served_in_the_order_they_came() -> None:
+    """One connection, 100 requests waiting for it: each, once served, asks again at once as
+    a newcomer, while the one it woke has not run yet. No newcomer overtakes one waiting."""
+    async with serving(keep_answering) as server:
+        pool = server.pool(1)
+        served: list[str] = []
+
+        async def request(name: str, again: bool) -> None:
+            response = await get(pool)
+            served.append(name)
+            await response.read(1)
+            response.release()  # hands the connection on...
+            if again:
+                await request(f"newcomer {name}", again=False)  # ...before this asks again
+
+        held = await get(pool)
+        waiting = [asyncio.create_task(request(str(i), again=True)) for i in range(100)]
+        await asyncio.sleep(0.05)  # all in line, in the order they came
+        await held.read(1)
+        held.release()
+        await asyncio.wait_for(asyncio.gather(*waiting), 10)
+        assert served == [str(i) for i in range(100)] + [f"newcomer {i}" for i in range(100)]
+        assert server.connections == 1
+        pool.close()
+
+
 async def test_a_dropped_connection_frees_its_place_for_one_waiting() -> None:
     async with serving(keep_answering) as server:
         pool = server.pool()

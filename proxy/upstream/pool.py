@@ -69,7 +69,8 @@ class Pool:
         self._host_header = (host if self.port == default else f"{host}:{self.port}").encode()
         self._idle: list[Connection] = []
         self._open = 0  # connections made or being made, idle ones included
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Those waiting, in the order they came; each is handed a connection, or None: a place.
+        self._waiting: collections.deque[asyncio.Future[Connection | None]] = collections.deque()
         self._closed = False
 
     async def request(
@@ -110,26 +111,16 @@ class Pool:
             connection.drop()
 
     async def _acquire(self, progress: Progress) -> Connection:
+        again = False
         while True:
-            now = asyncio.get_running_loop().time()
-            while self._idle:
-                connection = self._idle.pop()
-                if connection.usable() and now - connection.idle_since < self.idle_seconds:
-                    progress.reused = True
-                    return connection
-                connection.drop()
-            if self._open < self.max_connections:
+            handed = await self._turn(progress, again)
+            if handed is None:
                 break
-            progress.phase = "pool"
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiting.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # the turn it was given goes to the next one waiting
-                raise
-        self._open += 1
+            if handed.usable():
+                progress.reused = True
+                return handed
+            handed.drop()  # it closed as it was handed over (its place went on)
+            again = True
         progress.phase = "connect"
         made: list[Connection] = []  # the place is the connection's once it is made
         try:
@@ -141,6 +132,37 @@ class Pool:
                 made[0].drop()
             else:
                 self._freed()
+            raise
+
+    async def _turn(self, progress: Progress, again: bool) -> Connection | None:
+        """An idle connection, or None: a place to make one in (counted). Those waiting are
+        served in the order they came, each handed what is freed: a newcomer never takes it
+        from them (under saturation they would time out). `again`: first in line, its turn
+        came and went with a connection that closed."""
+        loop = asyncio.get_running_loop()
+        if not self._in_line():
+            now = loop.time()
+            while self._idle:
+                connection = self._idle.pop()
+                if connection.usable() and now - connection.idle_since < self.idle_seconds:
+                    return connection
+                connection.drop()
+            if self._open < self.max_connections:
+                self._open += 1
+                return None
+        progress.phase = "pool"
+        waiter: asyncio.Future[Connection | None] = loop.create_future()
+        if again:
+            self._waiting.appendleft(waiter)
+        else:
+            self._waiting.append(waiter)
+        try:
+            return await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._pass_on(waiter.result())  # what it was handed goes to the next one
+            elif waiter in self._waiting:
+                self._waiting.remove(waiter)
             raise
 
     async def _connect(self, made: list[Connection]) -> Connection:
@@ -168,10 +190,11 @@ class Pool:
     def put_back(self, connection: Connection) -> None:
         if self._closed:
             connection.drop()
-            return
-        connection.idle_since = asyncio.get_running_loop().time()
-        self._idle.append(connection)
-        self._wake()
+        elif self._in_line():
+            self._waiting.popleft().set_result(connection)
+        else:
+            connection.idle_since = asyncio.get_running_loop().time()
+            self._idle.append(connection)
 
     def forget(self, connection: Connection) -> None:
         if connection in self._idle:
@@ -179,12 +202,23 @@ class Pool:
         self._freed()
 
     def _freed(self) -> None:
-        self._open -= 1
-        self._wake()
+        """A place is free: the first one waiting makes a connection in it."""
+        if self._in_line():
+            self._waiting.popleft().set_result(None)
+        else:
+            self._open -= 1
 
-    def _wake(self) -> None:
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+    def _in_line(self) -> bool:
+        """Whether one is waiting; the first is still waiting (one cancelled leaves the line
+        when its task next runs: until then it is passed over)."""
+        while self._waiting and self._waiting[0].done():
+            self._waiting.popleft()
+        return bool(self._waiting)
+
+    def _pass_on(self, handed: Connection | None) -> None:
+        if handed is None:
+            self._freed()
+        elif handed.usable():
+            self.put_back(handed)
+        else:
+            handed.drop()
