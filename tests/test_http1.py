@@ -315,6 +315,20 @@ async def test_what_is_not_http_is_a_bad_answer() -> None:
         assert pool._open == 0
 
 
+@pytest.mark.parametrize("upgrade", [b"Connection: Upgrade\r\nUpgrade: websocket\r\n", b""])
+async def test_switching_protocols_unasked_is_a_bad_answer(
+    upgrade: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    switching = b"HTTP/1.1 101 Switching Protocols\r\n" + upgrade + b"\r\n\x81\x02hi"
+    async with serving(answering(switching, "hold")) as server:
+        pool = server.pool()
+        with pytest.raises(BadAnswer, match="101 Switching Protocols"):
+            await asyncio.wait_for(get(pool), 1)
+        await asyncio.sleep(0.01)
+        assert pool._open == 0
+    assert "Fatal error" not in caplog.text  # httptools' upgrade did not escape the protocol
+
+
 async def test_bytes_after_an_answer_drop_its_connection() -> None:
     async def chatty(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await server.read_request(r)

@@ -221,6 +221,23 @@ def test_a_new_connection_closed_unanswered_is_not_retried(http: httpx.Client) -
         assert answer.json()["error"]["code"] == "upstream_unreachable"
 
 
+async def switches_protocols(request: Request, writer: asyncio.StreamWriter) -> bool:
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(30)
+    return False
+
+
+def test_switching_protocols_unasked_is_a_502(http: httpx.Client) -> None:
+    with ScriptedUpstream(switches_protocols) as up, proxy_server(config_of(up)) as server:
+        answer = http.post(server.url + CHAT, json=BODY)
+        assert answer.status_code == 502
+        assert answer.json()["error"]["message"] == (
+            "upstream 'up' is unreachable: BadAnswer: "
+            "101 Switching Protocols, though no upgrade was asked for"
+        )
+
+
 # -- connection errors and timeouts ---------------------------------------------------------------
 
 

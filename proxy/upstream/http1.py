@@ -106,7 +106,9 @@ class Connection(asyncio.Protocol):
         answer.begun = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # (An upgrade is no parser error to httptools: the bytes after the head are the
+            # new protocol's. None is ever asked for: head_done refuses a 101.)
             if not answer.complete:
                 answer.fail(BadAnswer(f"not an HTTP answer: {exc}"))
             self.drop()  # an answer complete before the error keeps what it had
@@ -187,7 +189,10 @@ class Response:
         if self._fields > MAX_HEAD:
             self.fail(BadAnswer(f"an answer's head larger than {MAX_HEAD} bytes"))
             return
-        if 100 <= status < 200 and status != 101:
+        if status == 101:  # its body would be another protocol, for a client that never asked
+            self.fail(BadAnswer("101 Switching Protocols, though no upgrade was asked for"))
+            return
+        if 100 <= status < 200:
             self.headers = []  # informational (100 Continue, 103 Early Hints): the answer follows
             self._framed = False
             return
