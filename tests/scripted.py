@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from types import TracebackType
+
+# A self-signed certificate for localhost and 127.0.0.1: a client trusts it when its
+# SSL_CERT_FILE is TLS / "cert.pem".
+TLS = Path(__file__).parent / "data" / "tls"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +68,23 @@ def event(data: str) -> bytes:
     return chunk(f"data: {data}\n\n".encode())
 
 
+def server_tls() -> ssl.SSLContext:
+    """A server's TLS settings, with the certificate of `TLS`."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    return tls
+
+
 class ScriptedUpstream:
     """Serves `script` on 127.0.0.1 from a thread of its own; `host` names it in `base_url`
-    (`localhost` for a hostname rather than an IP literal)."""
+    (`localhost` for a hostname rather than an IP literal); over TLS with `tls`."""
 
-    def __init__(self, script: Script, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, script: Script, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None
+    ) -> None:
         self.script = script
         self.host = host
+        self.tls = tls
         self.port = 0
         self.requests: list[Request] = []
         self.connections = 0  # accepted so far
@@ -82,7 +98,8 @@ class ScriptedUpstream:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.host}:{self.port}/v1"
 
     def __enter__(self) -> ScriptedUpstream:
         self._thread.start()
@@ -103,7 +120,7 @@ class ScriptedUpstream:
             return self._changed.wait_for(predicate, timeout)
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:

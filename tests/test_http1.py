@@ -10,7 +10,6 @@ import contextlib
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -19,8 +18,8 @@ from proxy.errors import StreamBroken
 from proxy.upstream import http1
 from proxy.upstream.http1 import _HIGH_WATER, MAX_HEAD, BadAnswer, Disconnected, Response
 from proxy.upstream.pool import ConnectFailed, Pool, Progress
+from tests.scripted import TLS, server_tls
 
-TLS = Path(__file__).parent / "data" / "tls"  # a self-signed certificate for localhost
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -372,9 +371,7 @@ async def test_a_refused_connection_says_nothing_was_sent() -> None:
 
 
 async def test_https_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
-    async with serving(keep_answering, tls) as server:
+    async with serving(keep_answering, server_tls()) as server:
         with pytest.raises(ConnectFailed):  # not a certificate this machine trusts
             await get(Pool(f"https://localhost:{server.port}", 1))
         monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))

@@ -246,7 +246,7 @@ class UpstreamClient:
             return _Again("connect", wait)
         except ConnectFailed as exc:
             # Refused, unresolvable: the request never left.
-            wait = budget.wait()
+            wait = None if exc.lasting else budget.wait()
             if wait is None:
                 raise self._unreachable(upstream, exc, budget) from None
             return _Again("connect", wait)

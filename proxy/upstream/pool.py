@@ -27,7 +27,12 @@ IDLE_SECONDS = 15.0
 
 
 class ConnectFailed(HTTPError):
-    """No connection could be made (refused, unresolvable, TLS refused): nothing was sent."""
+    """No connection could be made (refused, unresolvable, TLS refused): nothing was sent.
+    `lasting`: trying again cannot help (a certificate that failed verification)."""
+
+    def __init__(self, message: str, *, lasting: bool = False) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 class ConnectTimeout(HTTPError):
@@ -183,6 +188,8 @@ class Pool:
                 )
         except TimeoutError:
             raise ConnectTimeout(f"no connection within {self.connect_timeout:g} s") from None
+        except ssl.SSLCertVerificationError as exc:
+            raise ConnectFailed(type(exc).__name__, lasting=True) from exc
         except OSError as exc:  # refused, unresolvable, TLS (ssl.SSLError is an OSError)
             raise ConnectFailed(type(exc).__name__) from exc
         return connected
