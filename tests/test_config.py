@@ -347,6 +347,10 @@ def problems(text: str) -> list[str]:
             "hooks.post_compact.headers.a b (<config>, line 5): must be a header name",
         ),
         (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', headers: {'a(b)': x}}\n",
+            "hooks.post_compact.headers.a(b) (<config>, line 5): must be a header name",
+        ),
+        (
             MINIMAL + "hooks:\n  pre_compact: {timeout_seconds: 1}\n",
             "hooks.pre_compact.url: is required",
         ),

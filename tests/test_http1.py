@@ -359,6 +359,40 @@ async def test_no_line_break_gets_into_the_request() -> None:
     assert pool._open == 0
 
 
+@pytest.mark.parametrize("name", ["X A", "X:A", "", "X(A)", "Ä", "X\x00"])
+async def test_a_header_name_that_is_not_a_token_is_refused(name: str) -> None:
+    pool = Pool("http://127.0.0.1:9", 1)
+    with pytest.raises(ValueError, match="not a token"):
+        await pool.request("POST", "/a", [(name, "1")], b"", Progress())
+    assert pool._open == 0
+
+
+async def test_the_pool_frames_each_request_itself() -> None:
+    """Whatever a caller gives: the pool's own Host and Content-Length, nothing that speaks
+    for the connection (a chunked body or an upgrade it would not carry out)."""
+    given = [
+        ("Host", "elsewhere"),
+        ("Content-Length", "99"),
+        ("Transfer-Encoding", "chunked"),
+        ("Connection", "Upgrade"),
+        ("Upgrade", "h2c"),
+        ("Keep-Alive", "timeout=1"),
+        ("TE", "trailers"),
+        ("Proxy-Authorization", "Basic c2VjcmV0"),
+        ("X-A", "1"),
+    ]
+    async with serving(keep_answering) as server:
+        pool = server.pool()
+        response = await pool.request("POST", "/a", given, b"{}", Progress())
+        assert await response.read(1) == b"ok"
+        response.release()
+        assert server.heads == [
+            b"POST /a HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-A: 1\r\nContent-Length: 2\r\n\r\n"
+            % server.port
+        ]
+        pool.close()
+
+
 async def test_a_refused_connection_says_nothing_was_sent() -> None:
     with socket.socket() as bound:  # bound, not listening: refused
         bound.bind(("127.0.0.1", 0))

@@ -172,15 +172,13 @@ class Hooks:
     @staticmethod
     def _headers(hook: Hook) -> list[tuple[str, str]]:
         """The headers of the hook's calls: its own, a user and password in its URL as Basic
-        credentials, and the body's type."""
+        credentials, and the body's type (the pool sets Host and Content-Length)."""
         parts = urlsplit(hook.url)
         headers = {name.lower(): (name, value) for name, value in hook.headers.items()}
         if parts.username is not None and "authorization" not in headers:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             basic = base64.b64encode(pair.encode()).decode()
             headers["authorization"] = ("Authorization", f"Basic {basic}")
-        for framing in ("host", "content-length"):
-            headers.pop(framing, None)
         headers["content-type"] = ("Content-Type", "application/json")
         return list(headers.values())
 

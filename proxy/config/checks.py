@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -17,6 +18,8 @@ from proxy.config.store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]
 MIN_SIGNING_KEY = 32  # characters of a compaction item signing key: 128 bits and more
+# A header name, RFC 9110 section 5.1's token (the upstream client sends no other).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def check(config: Config, source: Source) -> None:
@@ -202,9 +205,13 @@ def _check_hooks(config: Config, p: Problem) -> None:
         if hook.max_in_flight < 1:
             p(("hooks", name, "max_in_flight"), "must be at least 1")
         for header, value in hook.headers.items():
-            if not header or any(c in header for c in " :\r\n") or "\n" in value or "\r" in value:
+            if _HEADER_NAME.fullmatch(header) is None or "\n" in value or "\r" in value:
                 where = ("hooks", name, "headers", header)
-                p(where, "must be a header name without spaces or colons, its value on one line")
+                p(
+                    where,
+                    "must be a header name (letters, digits and !#$%&'*+-.^_`|~), "
+                    "its value on one line",
+                )
 
 
 def _is_http_url(url: str) -> bool:

@@ -18,28 +18,11 @@ from proxy.config import Upstream
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.metrics import Metrics
 from proxy.upstream.http1 import Disconnected, HTTPError
-from proxy.upstream.pool import ConnectFailed, ConnectTimeout, Pool, Progress
+from proxy.upstream.pool import FRAMING, HOP_BY_HOP, ConnectFailed, ConnectTimeout, Pool, Progress
 from proxy.upstream.retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
 
 log = logging.getLogger("compaction_proxy")
 
-# RFC 9110 section 7.6.1, plus the legacy Proxy-Connection.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# Recomputed by whoever sends the body next.
-_FRAMING = frozenset({"content-length", "host"})
 # Where clients put their upstream credential: OpenAI, Azure, Anthropic.
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
@@ -59,7 +42,7 @@ def relayable(
     """Headers minus hop-by-hop ones (and those the Connection header names) and `drop`."""
     pairs = list(headers)
     names = [name.lower() for name, _ in pairs]
-    skip = HOP_BY_HOP | _FRAMING | drop
+    skip = HOP_BY_HOP | FRAMING | drop
     if "connection" in names:
         skip |= {
             token.strip().lower()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import re
 import ssl
 from urllib.parse import urlsplit
 
@@ -24,6 +25,25 @@ from proxy.upstream.http1 import Connection, HTTPError, Response
 # An idle connection is not used after this long (aiohttp's default): a load balancer or NAT
 # may have forgotten it without a word, and a request sent on it would wait for nothing.
 IDLE_SECONDS = 15.0
+# RFC 9110 section 7.6.1, plus the legacy Proxy-Connection: they speak for one connection.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Set by whoever sends the body next (for a request: the pool).
+FRAMING = frozenset({"content-length", "host"})
+_NOT_SENT = HOP_BY_HOP | FRAMING  # of a caller's headers: the pool frames each request itself
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 section 5.1)
 
 
 class ConnectFailed(HTTPError):
@@ -87,13 +107,18 @@ class Pool:
         progress: Progress,
     ) -> Response:
         """Send `method target` (the path below the base URL, with its query) and wait for the
-        answer's head."""
+        answer's head. `headers` are sent but for those that frame the request or speak for
+        the connection (Host, Content-Length, Transfer-Encoding, Connection, Upgrade...): the
+        pool sets those itself. ValueError for a header name that is not a token."""
         if not target.startswith("/"):
             target = "/" + target  # a request's target is a path, whatever the client sent
         head = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("latin-1")]
         head.append(b"Host: " + self._host_header + b"\r\n")
         for name, value in headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+            if _TOKEN.fullmatch(name) is None:
+                raise ValueError("a header name that is not a token")
+            if name.lower() not in _NOT_SENT:
+                head.append(f"{name}: {value}\r\n".encode("latin-1"))
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(b"Content-Length: %d\r\n" % len(body or b""))
         head.append(b"\r\n")
