@@ -16,8 +16,9 @@ import pytest
 
 from proxy.errors import StreamBroken
 from proxy.upstream import http1
+from proxy.upstream.connect import ConnectFailed
 from proxy.upstream.http1 import _HIGH_WATER, MAX_HEAD, BadAnswer, Disconnected, Response
-from proxy.upstream.pool import ConnectFailed, Pool, Progress
+from proxy.upstream.pool import Pool, Progress
 from tests.scripted import TLS, server_tls
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -402,6 +403,35 @@ async def test_a_refused_connection_says_nothing_was_sent() -> None:
     assert pool._open == 0
     # (A connect timeout, `ConnectTimeout`, is tested through the proxy, with its metric:
     # tests/test_upstream_resilience.py.)
+
+
+async def test_an_address_that_never_answers_costs_a_moment_not_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Happy eyeballs: a name whose first address is blackholed (as an IPv6 address without
+    a route often is) is reached at its next one."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        blackholed = listener.getsockname()[1]
+        # One connection fills its queue: the next is never answered.
+        with socket.create_connection(("127.0.0.1", blackholed)):
+            async with serving(keep_answering) as server:
+
+                async def resolve(host: str, port: int, **_: object) -> list[object]:
+                    assert host == "upstream.test"
+                    tcp = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+                    return [(*tcp, ("127.0.0.1", blackholed)), (*tcp, ("127.0.0.1", server.port))]
+
+                loop = asyncio.get_running_loop()
+                monkeypatch.setattr(loop, "getaddrinfo", resolve)
+                pool = Pool(f"http://upstream.test:{server.port}", 1, connect_timeout=2)
+                started = loop.time()
+                response = await get(pool)
+                assert loop.time() - started < 1
+                assert await response.read(1) == b"ok"
+                response.release()
+                pool.close()
 
 
 async def test_https_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:

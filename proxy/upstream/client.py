@@ -17,8 +17,9 @@ from typing import Protocol
 from proxy.config import Upstream
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.metrics import Metrics
+from proxy.upstream.connect import ConnectFailed, ConnectTimeout
 from proxy.upstream.http1 import Disconnected, HTTPError
-from proxy.upstream.pool import FRAMING, HOP_BY_HOP, ConnectFailed, ConnectTimeout, Pool, Progress
+from proxy.upstream.pool import FRAMING, HOP_BY_HOP, Pool, Progress
 from proxy.upstream.retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
 
 log = logging.getLogger("compaction_proxy")

@@ -7,8 +7,8 @@ went from 1.24 to 0.95 M (bench/README.md). It does only what relaying to a conf
 upstream needs: one request at a time per connection, bodies as bytes (never decompressed,
 never redirected), TLS by asyncio, no proxies, no cookies.
 
-A connection that was never made raises `ConnectFailed` or `ConnectTimeout`: nothing was
-sent, so it is safe to try again. What can fail once it is made is proxy.upstream.http1's.
+How connections are made, and their errors, is proxy.upstream.connect's; what can fail once
+one is made, proxy.upstream.http1's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import re
 import ssl
 from urllib.parse import urlsplit
 
-from proxy.upstream.http1 import Connection, HTTPError, Response
+from proxy.upstream.connect import Route, connect
+from proxy.upstream.http1 import Connection, Response
 
 # An idle connection is not used after this long (aiohttp's default): a load balancer or NAT
 # may have forgotten it without a word, and a request sent on it would wait for nothing.
@@ -46,19 +47,6 @@ _NOT_SENT = HOP_BY_HOP | FRAMING  # of a caller's headers: the pool frames each 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 section 5.1)
 
 
-class ConnectFailed(HTTPError):
-    """No connection could be made (refused, unresolvable, TLS refused): nothing was sent.
-    `lasting`: trying again cannot help (a certificate that failed verification)."""
-
-    def __init__(self, message: str, *, lasting: bool = False) -> None:
-        super().__init__(message)
-        self.lasting = lasting
-
-
-class ConnectTimeout(HTTPError):
-    """No connection within the connect timeout: nothing was sent."""
-
-
 @dataclasses.dataclass
 class Progress:
     """How far one attempt got: the phase a timeout is named after, and whether the
@@ -82,16 +70,17 @@ class Pool:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.idle_seconds = idle_seconds
-        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
-        default = 443 if self._tls else 80
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self._host_header = (host if self.port == default else f"{host}:{self.port}").encode()
+        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        self._route = Route(host, port, tls)
+        shown = f"[{host}]" if ":" in host else host
+        default = 443 if tls else 80
+        self._host_header = (shown if port == default else f"{shown}:{port}").encode()
         self._idle: list[Connection] = []
         self._open = 0  # connections made or being made, idle ones included
         # Those waiting, in the order they came; each is handed a connection, or None: a place.
@@ -196,28 +185,11 @@ class Pool:
             raise
 
     async def _connect(self, made: list[Connection]) -> Connection:
-        loop = asyncio.get_running_loop()
-
         def connection() -> Connection:
             made.append(Connection(self))
             return made[0]
 
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, connected = await loop.create_connection(
-                    connection,
-                    self.host,
-                    self.port,
-                    ssl=self._tls,
-                    server_hostname=self.host if self._tls else None,
-                )
-        except TimeoutError:
-            raise ConnectTimeout(f"no connection within {self.connect_timeout:g} s") from None
-        except ssl.SSLCertVerificationError as exc:
-            raise ConnectFailed(type(exc).__name__, lasting=True) from exc
-        except OSError as exc:  # refused, unresolvable, TLS (ssl.SSLError is an OSError)
-            raise ConnectFailed(type(exc).__name__) from exc
-        return connected
+        return await connect(connection, self._route, self.connect_timeout)
 
     def put_back(self, connection: Connection) -> None:
         if self._closed:
