@@ -28,6 +28,7 @@ SECRETS = {
     "CP_TEST_HOOK_PASSWORD": "hook-password-2468",
     "CP_TEST_HOOK_QUERY": "hook-query-1357",
     "CP_TEST_HOOK_PATH": "hook-path-8642",
+    "CP_TEST_PROXY_PASSWORD": "proxy-password-9753",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -63,6 +64,7 @@ upstreams:
     timeouts: {{connect: 5, first_byte: 60, stream_idle: 30}}
     retries: 1
     max_connections: 32
+    proxy: http://egress:${{CP_TEST_PROXY_PASSWORD}}@egress.corp:3128
   local:
     base_url: http://127.0.0.1:8001/v1
   bedrock:
@@ -159,6 +161,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
     assert (openai.retries, openai.max_connections) == (1, 32)
     assert openai.name == "openai" and config.upstreams["local"].api_key is None
+    assert openai.proxy == f"http://egress:{secrets['CP_TEST_PROXY_PASSWORD']}@egress.corp:3128"
     assert config.default_context_window == 16384
     model, alias = config.models
     assert (model.context_window, model.counting, model.upstream) == (32768, "estimate", "local")
@@ -313,6 +316,15 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "    max_connections: 0\n",
             "upstreams.fake.max_connections (<config>, line 4): must be at least 1",
+        ),
+        (
+            MINIMAL + "    proxy: socks5://egress:1080\n",
+            "upstreams.fake.proxy (<config>, line 4): must be an http:// or https:// proxy URL "
+            "(SOCKS is not supported), or none for no proxy",
+        ),
+        (
+            "upstreams:\n  bedrock: {kind: litellm, proxy: none}\n",
+            "upstreams.bedrock.proxy (<config>, line 2): not for upstreams of kind litellm",
         ),
         (
             MINIMAL + "listen:\n  max_concurrent_requests: 0\n",
@@ -470,6 +482,8 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     masked = loads(FULL).masked()
     assert masked["upstreams"]["openai"]["api_key"] == "***"
     assert masked["upstreams"]["local"]["api_key"] is None
+    assert masked["upstreams"]["openai"]["proxy"] == "http://egress:***@egress.corp:3128"
+    assert "proxy" not in masked["upstreams"]["bedrock"]  # kind litellm has none
     assert masked["admin"]["token"] == "***"
     assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"

@@ -13,12 +13,11 @@ is sent unless the hook says `include_text`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -27,6 +26,7 @@ from proxy.compaction.summarizer import MAX_INSTRUCTIONS, GuardedSummarizer
 from proxy.compaction.turn import Turn
 from proxy.config import Hook
 from proxy.config import Hooks as HooksSettings
+from proxy.config.egress import basic_credentials
 from proxy.errors import HookFailed, StreamBroken
 from proxy.observability.metrics import Metrics
 from proxy.upstream.http1 import HTTPError
@@ -175,10 +175,9 @@ class Hooks:
         credentials, and the body's type (the pool sets Host and Content-Length)."""
         parts = urlsplit(hook.url)
         headers = {name.lower(): (name, value) for name, value in hook.headers.items()}
-        if parts.username is not None and "authorization" not in headers:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            basic = base64.b64encode(pair.encode()).decode()
-            headers["authorization"] = ("Authorization", f"Basic {basic}")
+        basic = basic_credentials(parts)
+        if basic is not None and "authorization" not in headers:
+            headers["authorization"] = ("Authorization", basic)
         headers["content-type"] = ("Content-Type", "application/json")
         return list(headers.values())
 

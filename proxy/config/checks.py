@@ -13,6 +13,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from proxy.config.decoder import Path, Source
+from proxy.config.egress import DIRECT, InvalidEgressProxy, environment_problems, parse_egress_proxy
 from proxy.config.schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
 from proxy.config.store_url import InvalidStoreURL, parse_store_url
 
@@ -26,6 +27,7 @@ def check(config: Config, source: Source) -> None:
     """Note every rule `config` breaks in `source`."""
     p = source.problem
     _check_upstreams(config, p)
+    source.problems += environment_problems()
     _check_listen_and_store(config, p)
     for i, override in enumerate(config.models):
         if override.upstream is not None and override.upstream not in config.upstreams:
@@ -81,6 +83,7 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(("upstreams", name, "retries"), "must be between 0 and 10")
         if upstream.max_connections < 1:
             p(("upstreams", name, "max_connections"), "must be at least 1")
+        _check_proxy(name, upstream, p)
     if isinstance(config.default_upstream, str):
         if config.default_upstream not in config.upstreams:
             p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")
@@ -91,6 +94,23 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(where, f"names no upstream: {name!r}")
         elif not config.upstreams[name].serves(dialect):
             p(where, f"{_serving(config, name)}, not {dialect}")
+
+
+def _check_proxy(name: str, upstream: Upstream, p: Problem) -> None:
+    if upstream.proxy is None:
+        return
+    if upstream.kind == "litellm":
+        p(
+            ("upstreams", name, "proxy"),
+            "not for upstreams of kind litellm, which read HTTPS_PROXY and NO_PROXY themselves",
+        )
+        return
+    if upstream.proxy == DIRECT:
+        return
+    try:
+        parse_egress_proxy(upstream.proxy)
+    except InvalidEgressProxy as exc:
+        p(("upstreams", name, "proxy"), f"{exc.problem}, or none for no proxy")
 
 
 def _check_provider_settings(name: str, upstream: Upstream, p: Problem) -> None:

@@ -139,6 +139,9 @@ class Upstream:
     prompt_cache: bool | None = None
     retries: int = 2
     max_connections: int = 512
+    # HTTP kinds: the egress proxy to go through (proxy.config.egress): a URL, `none` for
+    # none; None: as the environment says (HTTPS_PROXY, HTTP_PROXY, NO_PROXY).
+    proxy: str | None = None
     name: str = dataclasses.field(default="", init=False)
 
     @property
@@ -347,7 +350,10 @@ class Config:
             if upstream["kind"] != "litellm":
                 for key in _LITELLM_ONLY:
                     del upstream[key]
+                if upstream["proxy"]:
+                    upstream["proxy"] = masked_url(upstream["proxy"])
                 continue
+            del upstream["proxy"]
             params = upstream["provider_params"]
             for name in SECRET_PROVIDER_PARAMS & params.keys():
                 params[name] = "***"

@@ -145,7 +145,12 @@ class UpstreamClient:
     def pool(self, upstream: Upstream) -> Pool:
         pool = self._pools.get(upstream.name)
         if pool is None:
-            pool = Pool(upstream.base_url, upstream.max_connections, upstream.timeouts.connect)
+            pool = Pool(
+                upstream.base_url,
+                upstream.max_connections,
+                upstream.timeouts.connect,
+                proxy=upstream.proxy,
+            )
             self._pools[upstream.name] = pool
         return pool
 
@@ -229,7 +234,7 @@ class UpstreamClient:
                 raise self._timeout(upstream, "connect", upstream.timeouts.connect) from None
             return _Again("connect", wait)
         except ConnectFailed as exc:
-            # Refused, unresolvable: the request never left.
+            # Refused, unresolvable, refused by the egress proxy: the request never left.
             wait = None if exc.lasting else budget.wait()
             if wait is None:
                 raise self._unreachable(upstream, exc, budget) from None

@@ -5,7 +5,7 @@ Our own rather than aiohttp's because of what a request costs: a bare relay of a
 takes 0.74 M instructions with aiohttp's client and 0.40 M with one like this, and the proxy
 went from 1.24 to 0.95 M (bench/README.md). It does only what relaying to a configured
 upstream needs: one request at a time per connection, bodies as bytes (never decompressed,
-never redirected), TLS by asyncio, no proxies, no cookies.
+never redirected), TLS by asyncio, egress proxies as curl reads them, no cookies.
 
 How connections are made, and their errors, is proxy.upstream.connect's; what can fail once
 one is made, proxy.upstream.http1's.
@@ -20,7 +20,8 @@ import re
 import ssl
 from urllib.parse import urlsplit
 
-from proxy.upstream.connect import Route, connect
+from proxy.config.egress import egress_proxy
+from proxy.upstream.connect import EgressRefused, Route, connect
 from proxy.upstream.http1 import Connection, Response
 
 # An idle connection is not used after this long (aiohttp's default): a load balancer or NAT
@@ -58,7 +59,8 @@ class Progress:
 
 class Pool:
     """At most `max_connections` connections to the upstream at `base_url` (http or https),
-    idle ones kept for the next request, the most recently used first."""
+    idle ones kept for the next request, the most recently used first; through the egress
+    proxy `proxy` says (proxy.config.egress: a URL, `none`, None for the environment's)."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class Pool:
         max_connections: int,
         connect_timeout: float | None = None,
         idle_seconds: float = IDLE_SECONDS,
+        proxy: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -77,10 +80,20 @@ class Pool:
         self.connect_timeout = connect_timeout
         self.idle_seconds = idle_seconds
         tls = ssl.create_default_context() if parts.scheme == "https" else None
-        self._route = Route(host, port, tls)
+        via = egress_proxy(parts, proxy)
+        via_tls = ssl.create_default_context() if via and via.tls else None
+        self._route = Route(host, port, tls, via, via_tls)
         shown = f"[{host}]" if ":" in host else host
         default = 443 if tls else 80
         self._host_header = (shown if port == default else f"{shown}:{port}").encode()
+        # A plain-HTTP request through a proxy names its upstream (absolute form), and
+        # carries the proxy's credentials; an https one goes in a tunnel, as if straight.
+        self._origin = ""
+        self._proxy_authorization = b""
+        if via is not None and tls is None:
+            self._origin = f"http://{self._host_header.decode()}"
+            if via.authorization:
+                self._proxy_authorization = f"Proxy-Authorization: {via.authorization}\r\n".encode()
         self._idle: list[Connection] = []
         self._open = 0  # connections made or being made, idle ones included
         # Those waiting, in the order they came; each is handed a connection, or None: a place.
@@ -101,8 +114,10 @@ class Pool:
         pool sets those itself. ValueError for a header name that is not a token."""
         if not target.startswith("/"):
             target = "/" + target  # a request's target is a path, whatever the client sent
-        head = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("latin-1")]
+        head = [f"{method} {self._origin}{self.prefix}{target} HTTP/1.1\r\n".encode("latin-1")]
         head.append(b"Host: " + self._host_header + b"\r\n")
+        if self._proxy_authorization:
+            head.append(self._proxy_authorization)
         for name, value in headers:
             if _TOKEN.fullmatch(name) is None:
                 raise ValueError("a header name that is not a token")
@@ -118,10 +133,14 @@ class Pool:
         connection = await self._acquire(progress)
         progress.phase = "first_byte"
         try:
-            return await connection.send(data, body, head_only=method == "HEAD")
+            response = await connection.send(data, body, head_only=method == "HEAD")
         except BaseException:
             connection.drop()
             raise
+        if self._origin and response.status == 407:  # the proxy's own: the request never left
+            response.close()
+            raise EgressRefused(407)
+        return response
 
     def close(self) -> None:
         """Close every idle connection; busy ones close when their answers are done."""
