@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from types import TracebackType
+from typing import Self
+
+# A self-signed certificate for localhost and 127.0.0.1: a client trusts it when its
+# SSL_CERT_FILE is TLS / "cert.pem".
+TLS = Path(__file__).parent / "data" / "tls"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,29 +69,25 @@ def event(data: str) -> bytes:
     return chunk(f"data: {data}\n\n".encode())
 
 
-class ScriptedUpstream:
-    """Serves `script` on 127.0.0.1 from a thread of its own; `host` names it in `base_url`
-    (`localhost` for a hostname rather than an IP literal)."""
+def server_tls() -> ssl.SSLContext:
+    """A server's TLS settings, with the certificate of `TLS`."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    return tls
 
-    def __init__(self, script: Script, host: str = "127.0.0.1") -> None:
-        self.script = script
-        self.host = host
+
+class LoopbackServer:
+    """A server on 127.0.0.1 (over TLS with `tls`), from a thread and event loop of its own,
+    serving each connection with `_connection`; entered once it listens on `port`."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self.port = 0
-        self.requests: list[Request] = []
-        self.connections = 0  # accepted so far
-        self.open = 0  # open now
-        self.most_open = 0  # open at once, at most
-        self.closed = 0  # connections over, whichever side closed them
-        self._changed = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def __enter__(self) -> ScriptedUpstream:
+    def __enter__(self) -> Self:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
         future.result(timeout=10)
@@ -98,19 +101,47 @@ class ScriptedUpstream:
         self._thread.join(timeout=10)
         self._loop.close()
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        with self._changed:
-            return self._changed.wait_for(predicate, timeout)
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:
         assert self._server is not None
         self._server.close()
-        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        serving = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in serving:
             task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)  # their connections closed
+
+
+class ScriptedUpstream(LoopbackServer):
+    """Serves `script`; `host` names it in `base_url` (`localhost` for a hostname rather than
+    an IP literal)."""
+
+    def __init__(
+        self, script: Script, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(tls)
+        self.script = script
+        self.host = host
+        self.requests: list[Request] = []
+        self.connections = 0  # accepted so far
+        self.open = 0  # open now
+        self.most_open = 0  # open at once, at most
+        self.closed = 0  # connections over, whichever side closed them
+        self._changed = threading.Condition()
+
+    @property
+    def base_url(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.host}:{self.port}/v1"
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
 
     def _note(self, **changes: int) -> None:
         with self._changed:
@@ -143,19 +174,29 @@ class ScriptedUpstream:
             self._note(open=-1, closed=1)
 
 
-async def _read_request(
-    reader: asyncio.StreamReader, connection: int, number: int
-) -> Request | None:
+async def read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]] | None:
+    """A request's method, target and headers (names in lower case); None when the client
+    closed the connection between requests."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
-        return None  # the client closed the connection between requests
+        return None
     first, *lines = head.decode("latin-1").split("\r\n")
-    method, path, _ = first.split(" ", 2)
+    method, target, _ = first.split(" ", 2)
     headers = {}
     for line in lines:
         if line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
+    return method, target, headers
+
+
+async def _read_request(
+    reader: asyncio.StreamReader, connection: int, number: int
+) -> Request | None:
+    head = await read_head(reader)
+    if head is None:
+        return None
+    method, path, headers = head
     body = await reader.readexactly(int(headers.get("content-length", "0")))
     return Request(method, path, headers, body, connection, number)

@@ -28,6 +28,7 @@ SECRETS = {
     "CP_TEST_HOOK_PASSWORD": "hook-password-2468",
     "CP_TEST_HOOK_QUERY": "hook-query-1357",
     "CP_TEST_HOOK_PATH": "hook-path-8642",
+    "CP_TEST_PROXY_PASSWORD": "proxy-password-9753",
 }
 # Every key of docs/config.md, each set to a value other than its default.
 FULL = f"""
@@ -66,6 +67,7 @@ upstreams:
     retries: 1
     max_connections: 32
     max_answer_bytes: 4194304
+    proxy: http://egress:${{CP_TEST_PROXY_PASSWORD}}@egress.corp:3128
   local:
     base_url: http://127.0.0.1:8001/v1
   bedrock:
@@ -163,6 +165,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert (openai.timeouts.connect, openai.timeouts.first_byte) == (5.0, 60.0)
     assert (openai.retries, openai.max_connections, openai.max_answer_bytes) == (1, 32, 4 << 20)
     assert openai.name == "openai" and config.upstreams["local"].api_key is None
+    assert openai.proxy == f"http://egress:{secrets['CP_TEST_PROXY_PASSWORD']}@egress.corp:3128"
     assert config.default_context_window == 16384
     model, alias = config.models
     assert (model.context_window, model.counting, model.upstream) == (32768, "estimate", "local")
@@ -329,6 +332,13 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "listen:\n  max_header_fields: 0\n",
             "listen.max_header_fields (<config>, line 5): must be at least 1",
+            MINIMAL + "    proxy: socks5://egress:1080\n",
+            "upstreams.fake.proxy (<config>, line 4): must be an http:// or https:// proxy URL "
+            "(SOCKS is not supported), or none for no proxy",
+        ),
+        (
+            "upstreams:\n  bedrock: {kind: litellm, proxy: none}\n",
+            "upstreams.bedrock.proxy (<config>, line 2): not for upstreams of kind litellm",
         ),
         (
             MINIMAL + "listen:\n  max_concurrent_requests: 0\n",
@@ -361,6 +371,10 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', headers: {'a b': x}}\n",
             "hooks.post_compact.headers.a b (<config>, line 5): must be a header name",
+        ),
+        (
+            MINIMAL + "hooks:\n  post_compact: {url: 'http://h/p', headers: {'a(b)': x}}\n",
+            "hooks.post_compact.headers.a(b) (<config>, line 5): must be a header name",
         ),
         (
             MINIMAL + "hooks:\n  pre_compact: {timeout_seconds: 1}\n",
@@ -482,6 +496,8 @@ def test_masked_hides_every_secret(secrets: dict[str, str]) -> None:
     masked = loads(FULL).masked()
     assert masked["upstreams"]["openai"]["api_key"] == "***"
     assert masked["upstreams"]["local"]["api_key"] is None
+    assert masked["upstreams"]["openai"]["proxy"] == "http://egress:***@egress.corp:3128"
+    assert "proxy" not in masked["upstreams"]["bedrock"]  # kind litellm has none
     assert masked["admin"]["token"] == "***"
     assert masked["compaction_items"]["signing_key"] == "***"
     assert masked["store"]["url"] == "redis://:***@127.0.0.1:6379/2"

@@ -1,6 +1,7 @@
-"""proxy.http1, the client towards the upstreams, against servers on loopback that answer with
-exactly the bytes each case needs: keep-alive, chunks, bodies that end at the connection's
-end or break off, informational answers, HEAD, the pool's bound, flow control, TLS."""
+"""proxy.upstream.pool and proxy.upstream.http1, the client towards the upstreams, against
+servers on loopback that answer with exactly the bytes each case needs: keep-alive, chunks,
+bodies that end at the connection's end or break off, informational answers, HEAD, the pool's
+bound, flow control, TLS."""
 
 from __future__ import annotations
 
@@ -9,25 +10,17 @@ import contextlib
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Literal
 
 import pytest
 
 from proxy.errors import StreamBroken
 from proxy.upstream import http1
-from proxy.upstream.http1 import (
-    _HIGH_WATER,
-    MAX_HEAD,
-    BadAnswer,
-    ConnectFailed,
-    Disconnected,
-    Pool,
-    Progress,
-    Response,
-)
+from proxy.upstream.connect import ConnectFailed
+from proxy.upstream.http1 import _HIGH_WATER, MAX_HEAD, BadAnswer, Disconnected, Response
+from proxy.upstream.pool import Pool, Progress
+from tests.scripted import TLS, server_tls
 
-TLS = Path(__file__).parent / "data" / "tls"  # a self-signed certificate for localhost
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -250,6 +243,32 @@ async def test_the_pool_holds_requests_beyond_its_bound_until_a_connection_is_fr
         pool.close()
 
 
+async def test_those_waiting_are_served_in_the_order_they_came() -> None:
+    """One connection, 100 requests waiting for it: each, once served, asks again at once as
+    a newcomer, while the one it woke has not run yet. No newcomer overtakes one waiting."""
+    async with serving(keep_answering) as server:
+        pool = server.pool(1)
+        served: list[str] = []
+
+        async def request(name: str, again: bool) -> None:
+            response = await get(pool)
+            served.append(name)
+            await response.read(1)
+            response.release()  # hands the connection on...
+            if again:
+                await request(f"newcomer {name}", again=False)  # ...before this asks again
+
+        held = await get(pool)
+        waiting = [asyncio.create_task(request(str(i), again=True)) for i in range(100)]
+        await asyncio.sleep(0.05)  # all in line, in the order they came
+        await held.read(1)
+        held.release()
+        await asyncio.wait_for(asyncio.gather(*waiting), 10)
+        assert served == [str(i) for i in range(100)] + [f"newcomer {i}" for i in range(100)]
+        assert server.connections == 1
+        pool.close()
+
+
 async def test_a_dropped_connection_frees_its_place_for_one_waiting() -> None:
     async with serving(keep_answering) as server:
         pool = server.pool()
@@ -296,6 +315,20 @@ async def test_what_is_not_http_is_a_bad_answer() -> None:
         assert pool._open == 0
 
 
+@pytest.mark.parametrize("upgrade", [b"Connection: Upgrade\r\nUpgrade: websocket\r\n", b""])
+async def test_switching_protocols_unasked_is_a_bad_answer(
+    upgrade: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    switching = b"HTTP/1.1 101 Switching Protocols\r\n" + upgrade + b"\r\n\x81\x02hi"
+    async with serving(answering(switching, "hold")) as server:
+        pool = server.pool()
+        with pytest.raises(BadAnswer, match="101 Switching Protocols"):
+            await asyncio.wait_for(get(pool), 1)
+        await asyncio.sleep(0.01)
+        assert pool._open == 0
+    assert "Fatal error" not in caplog.text  # httptools' upgrade did not escape the protocol
+
+
 async def test_bytes_after_an_answer_drop_its_connection() -> None:
     async def chatty(server: Server, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await server.read_request(r)
@@ -327,6 +360,40 @@ async def test_no_line_break_gets_into_the_request() -> None:
     assert pool._open == 0
 
 
+@pytest.mark.parametrize("name", ["X A", "X:A", "", "X(A)", "Ä", "X\x00"])
+async def test_a_header_name_that_is_not_a_token_is_refused(name: str) -> None:
+    pool = Pool("http://127.0.0.1:9", 1)
+    with pytest.raises(ValueError, match="not a token"):
+        await pool.request("POST", "/a", [(name, "1")], b"", Progress())
+    assert pool._open == 0
+
+
+async def test_the_pool_frames_each_request_itself() -> None:
+    """Whatever a caller gives: the pool's own Host and Content-Length, nothing that speaks
+    for the connection (a chunked body or an upgrade it would not carry out)."""
+    given = [
+        ("Host", "elsewhere"),
+        ("Content-Length", "99"),
+        ("Transfer-Encoding", "chunked"),
+        ("Connection", "Upgrade"),
+        ("Upgrade", "h2c"),
+        ("Keep-Alive", "timeout=1"),
+        ("TE", "trailers"),
+        ("Proxy-Authorization", "Basic c2VjcmV0"),
+        ("X-A", "1"),
+    ]
+    async with serving(keep_answering) as server:
+        pool = server.pool()
+        response = await pool.request("POST", "/a", given, b"{}", Progress())
+        assert await response.read(1) == b"ok"
+        response.release()
+        assert server.heads == [
+            b"POST /a HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-A: 1\r\nContent-Length: 2\r\n\r\n"
+            % server.port
+        ]
+        pool.close()
+
+
 async def test_a_refused_connection_says_nothing_was_sent() -> None:
     with socket.socket() as bound:  # bound, not listening: refused
         bound.bind(("127.0.0.1", 0))
@@ -338,10 +405,37 @@ async def test_a_refused_connection_says_nothing_was_sent() -> None:
     # tests/test_upstream_resilience.py.)
 
 
+async def test_an_address_that_never_answers_costs_a_moment_not_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Happy eyeballs: a name whose first address is blackholed (as an IPv6 address without
+    a route often is) is reached at its next one."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        blackholed = listener.getsockname()[1]
+        # One connection fills its queue: the next is never answered.
+        with socket.create_connection(("127.0.0.1", blackholed)):
+            async with serving(keep_answering) as server:
+
+                async def resolve(host: str, port: int, **_: object) -> list[object]:
+                    assert host == "upstream.test"
+                    tcp = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+                    return [(*tcp, ("127.0.0.1", blackholed)), (*tcp, ("127.0.0.1", server.port))]
+
+                loop = asyncio.get_running_loop()
+                monkeypatch.setattr(loop, "getaddrinfo", resolve)
+                pool = Pool(f"http://upstream.test:{server.port}", 1, connect_timeout=2)
+                started = loop.time()
+                response = await get(pool)
+                assert loop.time() - started < 1
+                assert await response.read(1) == b"ok"
+                response.release()
+                pool.close()
+
+
 async def test_https_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
-    async with serving(keep_answering, tls) as server:
+    async with serving(keep_answering, server_tls()) as server:
         with pytest.raises(ConnectFailed):  # not a certificate this machine trusts
             await get(Pool(f"https://localhost:{server.port}", 1))
         monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))

@@ -18,7 +18,15 @@ import yaml
 
 from proxy.config import Config, loads
 from tests.conftest import metric
-from tests.scripted import Request, Script, ScriptedUpstream, event, response, stream_head
+from tests.scripted import (
+    Request,
+    Script,
+    ScriptedUpstream,
+    event,
+    response,
+    server_tls,
+    stream_head,
+)
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"
@@ -221,6 +229,23 @@ def test_a_new_connection_closed_unanswered_is_not_retried(http: httpx.Client) -
         assert answer.json()["error"]["code"] == "upstream_unreachable"
 
 
+async def switches_protocols(request: Request, writer: asyncio.StreamWriter) -> bool:
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(30)
+    return False
+
+
+def test_switching_protocols_unasked_is_a_502(http: httpx.Client) -> None:
+    with ScriptedUpstream(switches_protocols) as up, proxy_server(config_of(up)) as server:
+        answer = http.post(server.url + CHAT, json=BODY)
+        assert answer.status_code == 502
+        assert answer.json()["error"]["message"] == (
+            "upstream 'up' is unreachable: BadAnswer: "
+            "101 Switching Protocols, though no upgrade was asked for"
+        )
+
+
 # -- connection errors and timeouts ---------------------------------------------------------------
 
 
@@ -237,6 +262,17 @@ def test_a_refused_connection_is_retried_then_a_502(http: httpx.Client) -> None:
             "upstream 'gone' is unreachable: ConnectFailed: ConnectionRefusedError (3 attempts)"
         )
         assert retries(http, server, "connect") == 2
+
+
+def test_a_certificate_that_fails_verification_is_not_retried(http: httpx.Client) -> None:
+    # The certificate is self-signed: this machine's trust store (SSL_CERT_FILE) lacks it.
+    up = ScriptedUpstream(closes, host="localhost", tls=server_tls())
+    with up, proxy_server(config_of(up)) as server:
+        answer = http.post(server.url + CHAT, json=BODY)
+        assert answer.status_code == 502
+        message = answer.json()["error"]["message"]
+        assert message == "upstream 'up' is unreachable: ConnectFailed: SSLCertVerificationError"
+        assert retries(http, server, "connect") == 0
 
 
 @pytest.fixture

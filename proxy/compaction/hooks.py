@@ -13,12 +13,11 @@ is sent unless the hook says `include_text`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -27,10 +26,12 @@ from proxy.compaction.summarizer import MAX_INSTRUCTIONS, GuardedSummarizer
 from proxy.compaction.turn import Turn
 from proxy.config import Hook
 from proxy.config import Hooks as HooksSettings
+from proxy.config.egress import basic_credentials
 from proxy.errors import AnswerTooLarge, HookFailed, StreamBroken
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import read_whole
-from proxy.upstream.http1 import HTTPError, Pool, Progress
+from proxy.upstream.http1 import HTTPError
+from proxy.upstream.pool import Pool, Progress
 
 log = logging.getLogger("compaction_proxy")
 
@@ -214,15 +215,12 @@ class Hooks:
     @staticmethod
     def _headers(hook: Hook) -> list[tuple[str, str]]:
         """The headers of the hook's calls: its own, a user and password in its URL as Basic
-        credentials, and the body's type."""
+        credentials, and the body's type (the pool sets Host and Content-Length)."""
         parts = urlsplit(hook.url)
         headers = {name.lower(): (name, value) for name, value in hook.headers.items()}
-        if parts.username is not None and "authorization" not in headers:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            basic = base64.b64encode(pair.encode()).decode()
-            headers["authorization"] = ("Authorization", f"Basic {basic}")
-        for framing in ("host", "content-length"):
-            headers.pop(framing, None)
+        basic = basic_credentials(parts)
+        if basic is not None and "authorization" not in headers:
+            headers["authorization"] = ("Authorization", basic)
         headers["content-type"] = ("Content-Type", "application/json")
         return list(headers.values())
 

@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from proxy.config.decoder import Path, Source
+from proxy.config.egress import DIRECT, InvalidEgressProxy, environment_problems, parse_egress_proxy
 from proxy.config.schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
 from proxy.config.store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]
 MIN_SIGNING_KEY = 32  # characters of a compaction item signing key: 128 bits and more
+# A header name, RFC 9110 section 5.1's token (the upstream client sends no other).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def check(config: Config, source: Source) -> None:
     """Note every rule `config` breaks in `source`."""
     p = source.problem
     _check_upstreams(config, p)
+    source.problems += environment_problems()
     _check_listen_and_store(config, p)
     for i, override in enumerate(config.models):
         if override.upstream is not None and override.upstream not in config.upstreams:
@@ -80,6 +85,7 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(("upstreams", name, "max_connections"), "must be at least 1")
         if upstream.max_answer_bytes < 1024:
             p(("upstreams", name, "max_answer_bytes"), "must be at least 1024")
+        _check_proxy(name, upstream, p)
     if isinstance(config.default_upstream, str):
         if config.default_upstream not in config.upstreams:
             p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")
@@ -90,6 +96,23 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(where, f"names no upstream: {name!r}")
         elif not config.upstreams[name].serves(dialect):
             p(where, f"{_serving(config, name)}, not {dialect}")
+
+
+def _check_proxy(name: str, upstream: Upstream, p: Problem) -> None:
+    if upstream.proxy is None:
+        return
+    if upstream.kind == "litellm":
+        p(
+            ("upstreams", name, "proxy"),
+            "not for upstreams of kind litellm, which read HTTPS_PROXY and NO_PROXY themselves",
+        )
+        return
+    if upstream.proxy == DIRECT:
+        return
+    try:
+        parse_egress_proxy(upstream.proxy)
+    except InvalidEgressProxy as exc:
+        p(("upstreams", name, "proxy"), f"{exc.problem}, or none for no proxy")
 
 
 def _check_provider_settings(name: str, upstream: Upstream, p: Problem) -> None:
@@ -208,9 +231,13 @@ def _check_hooks(config: Config, p: Problem) -> None:
         if hook.max_in_flight < 1:
             p(("hooks", name, "max_in_flight"), "must be at least 1")
         for header, value in hook.headers.items():
-            if not header or any(c in header for c in " :\r\n") or "\n" in value or "\r" in value:
+            if _HEADER_NAME.fullmatch(header) is None or "\n" in value or "\r" in value:
                 where = ("hooks", name, "headers", header)
-                p(where, "must be a header name without spaces or colons, its value on one line")
+                p(
+                    where,
+                    "must be a header name (letters, digits and !#$%&'*+-.^_`|~), "
+                    "its value on one line",
+                )
 
 
 def _is_http_url(url: str) -> bool:

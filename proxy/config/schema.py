@@ -144,6 +144,9 @@ class Upstream:
     max_connections: int = 512
     # What of a non-streamed answer the proxy holds to read its usage; past it, relayed.
     max_answer_bytes: int = 16 * 1024 * 1024
+    # HTTP kinds: the egress proxy to go through (proxy.config.egress): a URL, `none` for
+    # none; None: as the environment says (HTTPS_PROXY, HTTP_PROXY, NO_PROXY).
+    proxy: str | None = None
     name: str = dataclasses.field(default="", init=False)
 
     @property
@@ -352,7 +355,10 @@ class Config:
             if upstream["kind"] != "litellm":
                 for key in _LITELLM_ONLY:
                     del upstream[key]
+                if upstream["proxy"]:
+                    upstream["proxy"] = masked_url(upstream["proxy"])
                 continue
+            del upstream["proxy"]
             params = upstream["provider_params"]
             for name in SECRET_PROVIDER_PARAMS & params.keys():
                 params[name] = "***"

@@ -1,4 +1,4 @@
-"""The client towards the configured upstreams: HTTP (proxy.http1) and the transports of
+"""The client towards the configured upstreams: HTTP (proxy.upstream.pool) and the transports of
 other kinds (litellm), with the timeouts and retries of proxy.retries.
 
 Bodies are relayed as bytes: no decompression, no redirects, and the URL is always the
@@ -18,36 +18,13 @@ from proxy.config import Upstream
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import ERROR_BYTES, UpstreamResponse, read_bounded
-from proxy.upstream.http1 import (
-    ConnectFailed,
-    ConnectTimeout,
-    Disconnected,
-    HTTPError,
-    Pool,
-    Progress,
-)
+from proxy.upstream.connect import ConnectFailed, ConnectTimeout
+from proxy.upstream.http1 import Disconnected, HTTPError
+from proxy.upstream.pool import FRAMING, HOP_BY_HOP, Pool, Progress
 from proxy.upstream.retries import RETRY_STATUSES, Retries, is_quota_error, retry_after
 
 log = logging.getLogger("compaction_proxy")
 
-# RFC 9110 section 7.6.1, plus the legacy Proxy-Connection.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# Recomputed by whoever sends the body next; and Expect, since the proxy sends a request's body
-# with its head, without waiting for a 100 Continue.
-_FRAMING = frozenset({"content-length", "host", "expect"})
 # Where clients put their upstream credential: OpenAI, Azure, Anthropic.
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
@@ -67,7 +44,7 @@ def relayable(
     """Headers minus hop-by-hop ones (and those the Connection header names) and `drop`."""
     pairs = list(headers)
     names = [name.lower() for name, _ in pairs]
-    skip = HOP_BY_HOP | _FRAMING | drop
+    skip = HOP_BY_HOP | FRAMING | drop
     if "connection" in names:
         skip |= {
             token.strip().lower()
@@ -130,7 +107,7 @@ class _Again:
 
 
 class UpstreamClient:
-    """A pool of connections per HTTP upstream (proxy.http1), and the transports of other
+    """A pool of connections per HTTP upstream (proxy.upstream.pool), and the transports of other
     kinds. No credential is kept from one request for the next."""
 
     def __init__(self, metrics: Metrics) -> None:
@@ -142,7 +119,12 @@ class UpstreamClient:
     def pool(self, upstream: Upstream) -> Pool:
         pool = self._pools.get(upstream.name)
         if pool is None:
-            pool = Pool(upstream.base_url, upstream.max_connections, upstream.timeouts.connect)
+            pool = Pool(
+                upstream.base_url,
+                upstream.max_connections,
+                upstream.timeouts.connect,
+                proxy=upstream.proxy,
+            )
             self._pools[upstream.name] = pool
         return pool
 
@@ -226,8 +208,8 @@ class UpstreamClient:
                 raise self._timeout(upstream, "connect", upstream.timeouts.connect) from None
             return _Again("connect", wait)
         except ConnectFailed as exc:
-            # Refused, unresolvable: the request never left.
-            wait = budget.wait()
+            # Refused, unresolvable, refused by the egress proxy: the request never left.
+            wait = None if exc.lasting else budget.wait()
             if wait is None:
                 raise self._unreachable(upstream, exc, budget) from None
             return _Again("connect", wait)

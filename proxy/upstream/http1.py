@@ -1,28 +1,20 @@
-"""The HTTP/1.1 client towards the upstreams: a bounded pool of keep-alive connections per
-upstream, each an asyncio protocol that feeds the answer to httptools' parser (the one the
-proxy's server side uses).
+"""One keep-alive connection to an upstream, an asyncio protocol that feeds each answer to
+httptools' parser (the one the proxy's server side uses), and the answer it feeds: status and
+headers first, then the body as it comes, read no faster than it is taken.
 
-Our own rather than aiohttp's because of what a request costs: a bare relay of a small request
-takes 0.74 M instructions with aiohttp's client and 0.40 M with one like this, and the proxy
-went from 1.24 to 0.95 M (bench/README.md). It does only what relaying to a configured
-upstream needs: one request at a time per connection, bodies as bytes (never decompressed,
-never redirected), TLS by asyncio, no proxies, no cookies.
-
-Where a failure leaves the request says the error's class: the connection was never made
-(`ConnectFailed`, `ConnectTimeout`: safe to try again), or it broke before the answer's head
-(`Disconnected`: safe only on a pooled connection the upstream had closed meanwhile), or the
-answer was not HTTP (`BadAnswer`). A body that breaks off or stalls raises the proxy's
-`StreamBroken`.
+Where a failure leaves the request says the error's class: the connection broke before the
+answer's head (`Disconnected`: safe only on a pooled connection the upstream had closed
+meanwhile), or the answer was not HTTP (`BadAnswer`). A body that breaks off or stalls raises
+the proxy's `StreamBroken`. The pool that makes the connections and lends them out is
+proxy.upstream.pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import ssl
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from typing import Protocol
 
 import httptools
 
@@ -35,21 +27,10 @@ _LOW_WATER = _HIGH_WATER // 2
 # An answer's status line and headers larger than this are refused (aiohttp's limit was 8 KiB
 # a line): a bigger head is an upstream gone wrong, and parsing it costs more as it grows.
 MAX_HEAD = 64 * 1024
-# An idle connection is not used after this long (aiohttp's default): a load balancer or NAT
-# may have forgotten it without a word, and a request sent on it would wait for nothing.
-IDLE_SECONDS = 15.0
 
 
 class HTTPError(Exception):
     """A request to an upstream failed."""
-
-
-class ConnectFailed(HTTPError):
-    """No connection could be made (refused, unresolvable, TLS refused): nothing was sent."""
-
-
-class ConnectTimeout(HTTPError):
-    """No connection within the connect timeout: nothing was sent."""
 
 
 class Disconnected(HTTPError):
@@ -65,168 +46,21 @@ class BadAnswer(HTTPError):
     """What came back is not an HTTP/1.1 answer."""
 
 
-@dataclasses.dataclass
-class Progress:
-    """How far one attempt got: the phase a timeout is named after, and whether the
-    connection came from the pool (a stale one is safe to retry)."""
+class Owner(Protocol):
+    """What a connection tells the pool it belongs to."""
 
-    phase: str = "connect"  # "pool" while every connection is busy, "first_byte" once connected
-    reused: bool = False
+    def put_back(self, connection: Connection) -> None:
+        """The connection is free for the next request."""
 
-
-class Pool:
-    """At most `max_connections` connections to the upstream at `base_url` (http or https),
-    idle ones kept for the next request, the most recently used first."""
-
-    def __init__(
-        self,
-        base_url: str,
-        max_connections: int,
-        connect_timeout: float | None = None,
-        idle_seconds: float = IDLE_SECONDS,
-    ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.prefix = parts.path.rstrip("/")
-        self.max_connections = max_connections
-        self.connect_timeout = connect_timeout
-        self.idle_seconds = idle_seconds
-        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
-        default = 443 if self._tls else 80
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self._host_header = (host if self.port == default else f"{host}:{self.port}").encode()
-        self._idle: list[_Connection] = []
-        self._open = 0  # connections made or being made, idle ones included
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._closed = False
-
-    async def request(
-        self,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes | None,
-        progress: Progress,
-    ) -> Response:
-        """Send `method target` (the path below the base URL, with its query) and wait for the
-        answer's head."""
-        if not target.startswith("/"):
-            target = "/" + target  # a request's target is a path, whatever the client sent
-        head = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("latin-1")]
-        head.append(b"Host: " + self._host_header + b"\r\n")
-        for name, value in headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            head.append(b"Content-Length: %d\r\n" % len(body or b""))
-        head.append(b"\r\n")
-        data = b"".join(head)
-        # A CR or LF inside a name, a value or the target would start a line of its own.
-        if data.count(b"\n") != len(head) or data.count(b"\r") != len(head):
-            raise ValueError("a line break inside the request's target or headers")
-        connection = await self._acquire(progress)
-        progress.phase = "first_byte"
-        try:
-            return await connection.send(data, body, head_only=method == "HEAD")
-        except BaseException:
-            connection.drop()
-            raise
-
-    def close(self) -> None:
-        """Close every idle connection; busy ones close when their answers are done."""
-        self._closed = True
-        for connection in list(self._idle):
-            connection.drop()
-
-    async def _acquire(self, progress: Progress) -> _Connection:
-        while True:
-            now = asyncio.get_running_loop().time()
-            while self._idle:
-                connection = self._idle.pop()
-                if connection.usable() and now - connection.idle_since < self.idle_seconds:
-                    progress.reused = True
-                    return connection
-                connection.drop()
-            if self._open < self.max_connections:
-                break
-            progress.phase = "pool"
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiting.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # the turn it was given goes to the next one waiting
-                raise
-        self._open += 1
-        progress.phase = "connect"
-        made: list[_Connection] = []  # the place is the connection's once it is made
-        try:
-            return await self._connect(made)
-        except BaseException:
-            # Cancelled as the connection was made, asyncio closes it: it frees the place
-            # itself, once (`drop`).
-            if made:
-                made[0].drop()
-            else:
-                self._freed()
-            raise
-
-    async def _connect(self, made: list[_Connection]) -> _Connection:
-        loop = asyncio.get_running_loop()
-
-        def connection() -> _Connection:
-            made.append(_Connection(self))
-            return made[0]
-
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, connected = await loop.create_connection(
-                    connection,
-                    self.host,
-                    self.port,
-                    ssl=self._tls,
-                    server_hostname=self.host if self._tls else None,
-                )
-        except TimeoutError:
-            raise ConnectTimeout(f"no connection within {self.connect_timeout:g} s") from None
-        except OSError as exc:  # refused, unresolvable, TLS (ssl.SSLError is an OSError)
-            raise ConnectFailed(type(exc).__name__) from exc
-        return connected
-
-    def _put_back(self, connection: _Connection) -> None:
-        if self._closed:
-            connection.drop()
-            return
-        connection.idle_since = asyncio.get_running_loop().time()
-        self._idle.append(connection)
-        self._wake()
-
-    def _forget(self, connection: _Connection) -> None:
-        """A connection closed: its place is free."""
-        if connection in self._idle:
-            self._idle.remove(connection)
-        self._freed()
-
-    def _freed(self) -> None:
-        self._open -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+    def forget(self, connection: Connection) -> None:
+        """The connection closed: its place is free."""
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One connection, one answer at a time; its parser reads one answer after another and
     gives each to the request waiting for it."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Owner) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.dropped = False
@@ -257,7 +91,7 @@ class _Connection(asyncio.Protocol):
         self.dropped = True
         if self.transport is not None:
             self.transport.close()
-        self.pool._forget(self)
+        self.pool.forget(self)
 
     # asyncio.Protocol
 
@@ -272,7 +106,9 @@ class _Connection(asyncio.Protocol):
         answer.begun = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # (An upgrade is no parser error to httptools: the bytes after the head are the
+            # new protocol's. None is ever asked for: head_done refuses a 101.)
             if not answer.complete:
                 answer.fail(BadAnswer(f"not an HTTP answer: {exc}"))
             self.drop()  # an answer complete before the error keeps what it had
@@ -291,7 +127,7 @@ class _Connection(asyncio.Protocol):
             answer.lost()
         if not self.dropped:
             self.dropped = True
-            self.pool._forget(self)
+            self.pool.forget(self)
 
     # httptools' callbacks, for the answer under way (after it: bytes nobody asked for, and
     # the connection is dropped)
@@ -321,7 +157,7 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer: its status and headers, and its body as it comes."""
 
-    def __init__(self, connection: _Connection, head_only: bool) -> None:
+    def __init__(self, connection: Connection, head_only: bool) -> None:
         self.connection = connection
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.status = 0
@@ -353,7 +189,10 @@ class Response:
         if self._fields > MAX_HEAD:
             self.fail(BadAnswer(f"an answer's head larger than {MAX_HEAD} bytes"))
             return
-        if 100 <= status < 200 and status != 101:
+        if status == 101:  # its body would be another protocol, for a client that never asked
+            self.fail(BadAnswer("101 Switching Protocols, though no upgrade was asked for"))
+            return
+        if 100 <= status < 200:
             self.headers = []  # informational (100 Continue, 103 Early Hints): the answer follows
             self._framed = False
             return
@@ -444,7 +283,7 @@ class Response:
             if self._paused:  # read whole while held back: the next answer must be read
                 self._paused = False
                 connection.transport.resume_reading()  # type: ignore[union-attr]
-            connection.pool._put_back(connection)
+            connection.pool.put_back(connection)
         else:
             connection.drop()
 

@@ -2,8 +2,10 @@
 
 Only before any byte has gone to the client (the request path relays nothing until
 `UpstreamClient.open` has returned), and only where trying again cannot run a request twice
-or waste it: a connection that could not be made, a pooled connection the upstream had just
-closed, and answers that say "not now" (429, 503, Anthropic's 529) but not a spent quota.
+or waste it: a connection that could not be made (but not for a certificate that failed
+verification, nor an egress proxy's refusal for its credentials or its policy: they fail
+again), a pooled connection the upstream had just closed, and answers that say "not now"
+(429, 503, Anthropic's 529) but not a spent quota.
 Never 502 or 504: the upstream may already have run, and billed, the request. Waits are short
 and bounded by the first-byte deadline, because clients retry too and the two multiply.
 """
