@@ -332,6 +332,8 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "listen:\n  max_header_fields: 0\n",
             "listen.max_header_fields (<config>, line 5): must be at least 1",
+        ),
+        (
             MINIMAL + "    proxy: socks5://egress:1080\n",
             "upstreams.fake.proxy (<config>, line 4): must be an http:// or https:// proxy URL "
             "(SOCKS is not supported), or none for no proxy",
