@@ -17,6 +17,7 @@ import time
 import policies
 from policies.memory import memory_candidates
 from proxy.compaction.exact_count import ExactCounts
+from proxy.compaction.forward import Forward
 from proxy.compaction.prepared import Bounded, PreparedSummaries
 from proxy.compaction.summarizer import lock_seconds
 from proxy.compaction.turn import ClientRequest, Turn
@@ -29,67 +30,6 @@ from proxy.sessions.sessions import Lock, Sessions
 from proxy.sessions.state import Branch, SessionState, decision_record
 
 log = logging.getLogger("compaction_proxy")
-
-
-@dataclasses.dataclass(frozen=True)
-class Forward:
-    """What goes upstream, and what the proxy did to get it."""
-
-    body: bytes
-    session_hash: str
-    action: str  # none | replayed | compacted | degraded | refused (shadow mode only)
-    store: str  # ok | unavailable
-    tokens_before: int
-    tokens_after: int
-    decisions: tuple[policies.Decision, ...] = ()
-    can_retry: bool = True
-    anchors_complete: bool = True
-    reserved_output: int | None = None  # output tokens the budget kept free in the window
-    window_source: str = (
-        "config"  # where the model's window came from: config | model-map | default
-    )
-    # Shadow mode: the action and tokens are what the proxy would have done and sent; the
-    # body is the client's own.
-    shadow: bool = False
-    # The tokens above are the counter's; the decision took the upstream's to be `ratio`
-    # times them (calibration, or an exact count), and so do the headers.
-    ratio: float = 1.0
-
-    @property
-    def applied(self) -> str:
-        """What was done to the request that went upstream."""
-        return "none" if self.shadow else self.action
-
-    @property
-    def tokens_sent(self) -> int:
-        """Tokens of what went upstream (proxy count)."""
-        return self.tokens_before if self.shadow else self.tokens_after
-
-    def headers(self) -> list[tuple[str, str]]:
-        headers = [
-            ("x-compaction-session", self.session_hash),
-            ("x-compaction-action", shown_action(self.action, shadow=self.shadow)),
-            ("x-compaction-store", self.store),
-            ("x-compaction-tokens-before", str(round(self.tokens_before * self.ratio))),
-            ("x-compaction-tokens-after", str(round(self.tokens_after * self.ratio))),
-            ("x-compaction-window-source", self.window_source),
-        ]
-        if self.ratio != 1.0:
-            headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
-        if not self.anchors_complete:
-            headers.append(("x-compaction-anchors", "truncated"))
-        if self.shadow:
-            headers.append(SHADOW_HEADER)
-        return headers
-
-
-SHADOW_HEADER = ("x-compaction-shadow", "true")
-
-
-def shown_action(action: str, *, shadow: bool) -> str:
-    """The action as headers name it: under shadow mode a would-be action (`shadow-compacted`),
-    which no client can take for one done."""
-    return f"shadow-{action}" if shadow else action
 
 
 class Compactor:

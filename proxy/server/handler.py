@@ -17,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from proxy.compaction.compactor import SHADOW_HEADER, Compactor, Forward, shown_action
+from proxy.compaction.compactor import Compactor
+from proxy.compaction.forward import SHADOW_HEADER, Forward, shown_action
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import (

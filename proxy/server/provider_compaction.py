@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message
 
-from proxy.compaction.compactor import SHADOW_HEADER, shown_action
+from proxy.compaction.forward import SHADOW_HEADER, shown_action
 from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import Dialect
