@@ -69,6 +69,9 @@ class APIError(ProxyError):
 
     status_code, error_type = 500, "server_error"
     code: str | None = None
+    # Headers the answer carries besides the error: the x-compaction-* ones that still hold
+    # when a request failed after its session was found (its session, the store's state).
+    headers: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)

@@ -309,7 +309,7 @@ def test_a_refused_tunnel_is_a_502_that_says_so_and_is_not_retried(
         answer = http.post(server.url + CHAT, json=BODY)
         assert answer.status_code == 502
         assert answer.json()["error"]["message"] == (
-            "upstream 'up' is unreachable: EgressRefused: "
+            "upstream 'up' is unreachable: "
             "the egress proxy refused the connection (407 Proxy Authentication Required)"
         )
         assert retries(http, server, "connect") == 0

@@ -42,11 +42,14 @@ class Forward:
         """Tokens of what went upstream (proxy count)."""
         return self.tokens_before if self.shadow else self.tokens_after
 
+    def session_headers(self) -> tuple[tuple[str, str], ...]:
+        """The headers that hold whatever became of the request: its session and the store."""
+        return (("x-compaction-session", self.session_hash), ("x-compaction-store", self.store))
+
     def headers(self) -> list[tuple[str, str]]:
         headers = [
-            ("x-compaction-session", self.session_hash),
+            *self.session_headers(),
             ("x-compaction-action", shown_action(self.action, shadow=self.shadow)),
-            ("x-compaction-store", self.store),
             ("x-compaction-tokens-before", str(round(self.tokens_before * self.ratio))),
             ("x-compaction-tokens-after", str(round(self.tokens_after * self.ratio))),
             ("x-compaction-window-source", self.window_source),

@@ -94,7 +94,10 @@ class Dialect(ABC):
 
     def error_response(self, error: APIError) -> Response:
         return Response(
-            self.error_body(error), status_code=error.status_code, media_type="application/json"
+            self.error_body(error),
+            status_code=error.status_code,
+            headers=dict(error.headers),
+            media_type="application/json",
         )
 
     @abstractmethod

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -30,7 +30,13 @@ from proxy.dialects import (
     TokenCounting,
     Usage,
 )
-from proxy.errors import InvalidRequest, StreamBroken, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import (
+    APIError,
+    InvalidRequest,
+    StreamBroken,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
@@ -96,16 +102,20 @@ class Handler:
         overhead = time.perf_counter() - started
         self.metrics.overhead.labels(*labels).observe(overhead)
 
-        def send(forward: Forward) -> Awaitable[UpstreamResponse]:
-            return self.client.open(
-                upstream,
-                "POST",
-                path,
-                query,
-                send_headers,
-                forward.body,
-                reserved_output=forward.reserved_output,
-            )
+        async def send(forward: Forward) -> UpstreamResponse:
+            try:
+                return await self.client.open(
+                    upstream,
+                    "POST",
+                    path,
+                    query,
+                    send_headers,
+                    forward.body,
+                    reserved_output=forward.reserved_output,
+                )
+            except APIError as exc:  # unreachable, no answer in time: the session still holds
+                exc.headers = forward.session_headers()
+                raise
 
         sent = time.perf_counter()
         response = await send(forward)

@@ -253,6 +253,7 @@ class UpstreamClient:
     ) -> UpstreamUnreachable:
         self.metrics.upstream_errors.labels(upstream.name, "unreachable").inc()
         tries = f" ({budget.done + 1} attempts)" if budget.done else ""
-        # The client's errors say what went wrong without naming the host (an OS error's may).
-        why = f"{type(exc).__name__}: {exc}" if isinstance(exc, HTTPError) else type(exc).__name__
+        # The client's errors say what went wrong in words, without naming the host (an OS
+        # error's message may): the transport's errors are written so.
+        why = str(exc) if isinstance(exc, HTTPError) else type(exc).__name__
         return UpstreamUnreachable(f"upstream {upstream.name!r} is unreachable: {why}{tries}")

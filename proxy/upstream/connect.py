@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import functools
 import ipaddress
 import itertools
@@ -92,9 +93,31 @@ async def connect(make: Callable[[], Connection], route: Route, within: float | 
     except TimeoutError:
         raise ConnectTimeout(f"no connection within {within:g} s") from None
     except ssl.SSLCertVerificationError as exc:
-        raise ConnectFailed(type(exc).__name__, lasting=True) from exc
+        raise ConnectFailed(why_not(exc), lasting=True) from exc
     except OSError as exc:  # refused, unresolvable, TLS (ssl.SSLError is an OSError)
-        raise ConnectFailed(type(exc).__name__) from exc
+        raise ConnectFailed(why_not(exc)) from exc
+
+
+# What went wrong, in words: an OS error's own message may name the host, and its class
+# (`gaierror`) means nothing to most readers. The most specific class first.
+_WHY = (
+    (socket.gaierror, "its host name did not resolve"),
+    (ssl.SSLCertVerificationError, "its TLS certificate failed verification"),
+    (ssl.SSLError, "the TLS handshake failed"),
+    (ConnectionRefusedError, "the connection was refused"),
+    (ConnectionResetError, "the connection was reset"),
+)
+_UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH}
+
+
+def why_not(exc: OSError) -> str:
+    """Why no connection could be made, in a newcomer's words, never naming the host."""
+    for kind, words in _WHY:
+        if isinstance(exc, kind):
+            return words
+    if exc.errno in _UNREACHABLE:
+        return "no route to its host"
+    return f"the connection failed ({type(exc).__name__})"
 
 
 async def _open(
