@@ -20,7 +20,7 @@ from policies.compress import formats, json_form
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, collapse_repeats, compress_lines
 from policies.compress.marker import PREFIX, Marker
-from policies.compress.salience import error_lines, has_warning, is_salient_text, line_starts
+from policies.compress.salience import error_lines, has_warning
 
 KINDS = ("json", "search", "diff", "html", "blob", "log", "text")
 SALIENT_LINES = 8  # at most this many salient lines an output…
@@ -86,7 +86,7 @@ def salient_lines(
             return []
         else:
             lines = text.split("\n")
-            found = dict.fromkeys(lines[i].strip() for i in error_lines(line_starts(lines), text))
+            found = dict.fromkeys(lines[i].strip() for i in error_lines(text))
             picked = [line for line in found if line]
     if len(picked) > SALIENT_LINES:  # the first errors (the cause) and the last (the outcome)
         picked = picked[:3] + picked[3 - SALIENT_LINES :]
@@ -107,7 +107,7 @@ def _detect(text: str, limits: Limits) -> tuple[str, Any]:
         return "search", lines
     if formats.blob_share(text, limits) > _BLOB_SHARE:
         return "blob", None
-    if is_salient_text(text) or has_warning(text):
+    if error_lines(text) or has_warning(text):
         return "log", None
     return "text", None
 

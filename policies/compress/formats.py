@@ -19,10 +19,12 @@ from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, compress_lines
 from policies.compress.salience import is_salient_text
 
-# A path has a slash or an extension, and no spaces (a timestamp's `10:00:00` is no match).
-SEARCH_LINE = re.compile(
-    r"(?P<path>[^\s:]*(?:/|\.[A-Za-z])[^\s:]*):(?P<line>\d+)(?P<sep>[:-])(?P<text>.*)"
-)
+# `path:line:text` (grep -n, ripgrep); the path, possessive and bounded, is never tried again
+# from another start (a quadratic search over a long line), and must have a slash or an
+# extension (a timestamp's `10:00:00` is no match).
+SEARCH_LINE = re.compile(r"(?P<path>[^\s:]{1,400}+):(?P<line>\d+)(?P<sep>[:-])(?P<text>.*)")
+_PATH = re.compile(r"/|\.[A-Za-z]")
+SEARCH_SAMPLE = 200  # lines looked at to tell a search result
 DIFF = re.compile(r"^(?:diff --git |--- \S|\+\+\+ \S)", re.MULTILINE)
 HUNK = re.compile(r"^@@ -\d", re.MULTILINE)
 HTML = re.compile(r"\s*(?:<!doctype html|<html|<head|<body)", re.IGNORECASE)
@@ -34,6 +36,7 @@ _BREAK = re.compile(
 )
 _TAG = re.compile(r"<[^>]*>")
 _DATA_URL = re.compile(r"data:[\w/+.-]+;base64,\Z")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _DIFF_KEPT = ("diff ", "--- ", "+++ ", "@@", "new file", "deleted file", "rename ", "Binary ")
 # Per-file matches (search) and per-hunk changed lines (diff) at each try, as shares of
 # `Limits.items`, until the form fits.
@@ -41,16 +44,25 @@ _TRIES = (1.0, 0.5, 0.25, 0.1, 0.0)
 
 
 def is_search(lines: list[str]) -> bool:
-    """Whether nearly every line is a `path:line:text` match (or grep's `--` separator)."""
-    content = [line for line in lines if line and line != "--"]
+    """Whether nearly every line (of the first ones) is a `path:line:text` match (or grep's
+    `--` separator)."""
+    content = [line for line in lines[: 2 * SEARCH_SAMPLE] if line and line != "--"]
+    content = content[:SEARCH_SAMPLE]
     if len(content) < 3:
         return False
-    matching = sum(SEARCH_LINE.fullmatch(line) is not None for line in content)
+    matching = sum(_match(line) is not None for line in content)
     return matching >= 0.8 * len(content)
 
 
+def _match(line: str) -> re.Match[str] | None:
+    found = SEARCH_LINE.fullmatch(line)
+    return found if found is not None and _PATH.search(found["path"]) else None
+
+
 def is_diff(text: str) -> bool:
-    return HUNK.search(text) is not None and DIFF.search(text) is not None
+    # A substring first: a MULTILINE regex over 100 KB is a millisecond.
+    hunk = "\n@@ -" in text or text.startswith("@@ -")
+    return hunk and HUNK.search(text) is not None and DIFF.search(text) is not None
 
 
 def is_html(text: str) -> bool:
@@ -64,7 +76,7 @@ def grouped(lines: list[str], per_file: int | None) -> tuple[str, int]:
     files: dict[str, list[str]] = {}
     other: list[str] = []
     for line in lines:
-        found = SEARCH_LINE.fullmatch(line)
+        found = _match(line)
         if found is None:
             if line and line != "--":
                 other.append(line)
@@ -140,29 +152,46 @@ def html_text(text: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def blob_runs(text: str, limits: Limits) -> tuple[tuple[int, int, str], ...]:
+    """The base64 and minified runs of `text`: start, end and what they are. Cached, as
+    `error_lines`: telling the kind and compressing both need them."""
+    return _blob_runs(text, limits.blob_chars)
+
+
 @functools.lru_cache(maxsize=8)
-def _base64(chars: int) -> re.Pattern[str]:
-    # The lookbehind starts a match only where a run starts (else every position inside a run
-    # of word characters is tried again); a data URL's head is found apart, for the same
-    # reason (an optional group in front is four times slower over text).
-    return re.compile(rf"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{{{chars},}}={{0,2}}")
+def _blob_runs(text: str, chars: int) -> tuple[tuple[int, int, str], ...]:
+    return tuple(_runs(text, chars))
 
 
-def blob_runs(text: str, limits: Limits) -> Iterator[tuple[int, int, str]]:
-    """The base64 and minified runs of `text`: start, end and what they are."""
-    for found in _base64(limits.blob_chars).finditer(text):
-        run, start = found.group(), found.start()
-        head = _DATA_URL.search(text, max(0, start - 100), start)
-        if head is not None:
-            yield head.start(), found.end(), "base64"
-        elif any(c.isdigit() for c in run) and not run.isdigit() and not run.islower():
-            yield start, found.end(), "base64"
+def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
+    """Looked for only in the long whitespace-free tokens (split in C): a regex over the
+    whole text tries again at every position of every word, ten times slower."""
+    at = 0
+    for token in text.split():
+        if len(token) < chars:
+            continue
+        at = text.find(token, at)
+        for found in _BASE64.finditer(token):
+            if found.end() - found.start() < chars:
+                continue
+            start, end = at + found.start(), at + found.end()
+            head = _DATA_URL.search(text, max(0, start - 100), start)
+            if head is not None:
+                yield head.start(), end, "base64"
+            elif _mixed(found.group()):
+                yield start, end, "base64"
+        at += len(token)
     start = 0
     for line in text.split("\n"):
         end = start + len(line)
-        if len(line) >= 4 * limits.blob_chars and _dense(line) and not is_salient_text(line):
+        if len(line) >= 4 * chars and _dense(line) and not is_salient_text(line):
             yield start, end, "minified"
         start = end + 1
+
+
+def _mixed(run: str) -> bool:
+    """Base64 rather than a long word: digits and letters of both cases."""
+    return any(c.isdigit() for c in run) and not run.isdigit() and not run.islower()
 
 
 def elide_blobs(text: str, limits: Limits) -> tuple[str, int]:

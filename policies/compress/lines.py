@@ -5,12 +5,13 @@ their count; what is left out marked where it was (middle-out, never the head al
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import groupby, pairwise
+from itertools import groupby
 
 from policies.compress.limits import Limits
-from policies.compress.salience import block_end, error_lines, line_starts, warning_lines
+from policies.compress.salience import block_end, error_lines, warning_lines
 
 REPEATED = "[previous line repeated {n} more times]"
 GAP = "[\u2026 {n} lines elided \u2026]"
@@ -43,7 +44,7 @@ class _Runs:
     def __init__(self, lines: list[str]) -> None:
         self.texts: list[str] = []
         self.counts: list[int] = []
-        if all(a != b for a, b in pairwise(lines)):  # the common case
+        if not any(map(operator.eq, lines, lines[1:])):  # the common case: no repeats
             self.texts, self.counts = lines, [1] * len(lines)
             self.of_line = list(range(len(lines)))
             return
@@ -100,10 +101,9 @@ def compress_lines(text: str, budget: int, limits: Limits) -> Shrunk:
     never cut)."""
     lines = text.split("\n")
     runs = _Runs(lines)
-    starts = line_starts(lines)
     salient: set[int] = set()
     blocks = []
-    for line in error_lines(starts, text):
+    for line in error_lines(text):
         if line in salient:
             continue
         end = block_end(lines, line)

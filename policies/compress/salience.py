@@ -9,14 +9,26 @@ inside another (`ValueError`, `NullPointerException`) is what is wanted here any
 from __future__ import annotations
 
 import bisect
+import functools
 import re
-from collections.abc import Iterator
 
-ERROR = re.compile(
-    r"error|fatal|critical|panic|exception|traceback|fail|denied|refused|timed out|"
-    r"segmentation fault|abort|assertion|unhandled|uncaught"
+# Each word costs a scan of the text: those another one covers are left out (`AssertionError`,
+# `Uncaught TypeError`, `unhandled exception` hold `error` or `exception`).
+ERROR_WORDS = (
+    "error",
+    "fatal",
+    "critical",
+    "panic",
+    "exception",
+    "traceback",
+    "fail",
+    "denied",
+    "refused",
+    "timed out",
+    "segmentation fault",
+    "abort",
 )
-_ERROR_ANY_CASE = re.compile(ERROR.pattern, re.IGNORECASE)
+_ERROR_ANY_CASE = re.compile("|".join(ERROR_WORDS), re.IGNORECASE)
 # Test runners' failure lines that name no error: pytest's `E   `, go's `--- FAIL`, jest's
 # crosses and bullets.
 LINE_STARTS = ("\nE  ", "--- FAIL", "\u2715 ", "\u2717 ", "\u25cf ")
@@ -37,10 +49,16 @@ def line_starts(lines: list[str]) -> list[int]:
     return starts
 
 
-def error_lines(starts: list[int], text: str) -> list[int]:
-    """The indices of the lines of `text` (which begin at the offsets `starts`) that hold an
-    error or failure, in order."""
-    offsets = [match.start() for match in _errors(text)]
+@functools.lru_cache(maxsize=8)
+def error_lines(text: str) -> tuple[int, ...]:
+    """The indices of the lines of `text` that hold an error or failure, in order. Cached:
+    telling an output's kind and compressing it both need them (a str keeps its hash, so
+    looking a 100 KB text up again costs nothing)."""
+    return _error_lines(line_starts(text.split("\n")), text)
+
+
+def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
+    offsets = _errors(text)
     for marker in LINE_STARTS:
         at = text.find(marker)
         while at >= 0:
@@ -48,7 +66,7 @@ def error_lines(starts: list[int], text: str) -> list[int]:
             at = text.find(marker, at + 1)
     if text.startswith(LINE_STARTS[0][1:]):
         offsets.append(0)
-    return sorted({bisect.bisect_right(starts, offset) - 1 for offset in offsets})
+    return tuple(sorted({bisect.bisect_right(starts, offset) - 1 for offset in offsets}))
 
 
 def warning_lines(lines: list[str]) -> list[int]:
@@ -73,8 +91,11 @@ def block_end(lines: list[str], start: int) -> int:
 
 def is_salient_text(text: str) -> bool:
     """Whether `text` holds an error or a failure."""
+    low = text.lower()
+    if len(low) != len(text):
+        return _ERROR_ANY_CASE.search(text) is not None
     return (
-        next(_errors(text), None) is not None
+        any(word in low for word in ERROR_WORDS)
         or "--- FAIL" in text
         or "\u2715 " in text
         or "\u2717 " in text
@@ -83,10 +104,17 @@ def is_salient_text(text: str) -> bool:
     )
 
 
-def _errors(text: str) -> Iterator[re.Match[str]]:
+def _errors(text: str) -> list[int]:
+    """The offsets of the error words in `text`."""
     low = text.lower()
     # Lowercasing keeps offsets unless a character lowercases to several (rare: then the
     # slower case-insensitive search, on the text itself).
-    if len(low) == len(text):
-        return ERROR.finditer(low)
-    return _ERROR_ANY_CASE.finditer(text)
+    if len(low) != len(text):
+        return [match.start() for match in _ERROR_ANY_CASE.finditer(text)]
+    found = []
+    for word in ERROR_WORDS:
+        at = low.find(word)
+        while at >= 0:
+            found.append(at)
+            at = low.find(word, at + len(word))
+    return found
