@@ -102,9 +102,8 @@ def _detect(text: str, limits: Limits) -> tuple[str, Any]:
         return "diff", None
     if formats.is_html(text):
         return "html", None
-    lines = text.split("\n")
-    if formats.is_search(lines):
-        return "search", lines
+    if formats.is_search(text.split("\n")):
+        return "search", None
     if formats.blob_share(text, limits) > _BLOB_SHARE:
         return "blob", None
     if error_lines(text) or has_warning(text):
@@ -126,7 +125,7 @@ def _json(text: str, value: Any, budget: int | None, limits: Limits) -> Compress
 
 def _lossless(kind: str, text: str) -> Shrunk | None:
     if kind == "search":
-        body, _ = formats.grouped(text.split("\n"), None)
+        body, _ = formats.render(formats.search_groups(text), None, "")
         return Shrunk(body, "")
     return collapse_repeats(text)
 
@@ -135,7 +134,7 @@ def _lossy(kind: str, text: str, budget: int, limits: Limits) -> Shrunk:
     if kind == "diff":
         return formats.compress_diff(text, budget, limits)
     if kind == "search":
-        return formats.compress_search(text.split("\n"), budget, limits)
+        return formats.compress_search(text, budget, limits)
     notes = []
     if kind == "html":
         text = formats.html_text(text)

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, compress_lines
-from policies.compress.salience import is_salient_text
+from policies.compress.salience import error_lines, is_salient_text
 
-# `path:line:text` (grep -n, ripgrep); the path, possessive and bounded, is never tried again
-# from another start (a quadratic search over a long line), and must have a slash or an
-# extension (a timestamp's `10:00:00` is no match).
-SEARCH_LINE = re.compile(r"(?P<path>[^\s:]{1,400}+):(?P<line>\d+)(?P<sep>[:-])(?P<text>.*)")
+# `path:line:text` (grep -n, ripgrep; `path-line-text` for context lines): a path without
+# spaces that has a slash or an extension (a timestamp's `10:00:00` is no match).
+_LINE_NUMBER = re.compile(r"\d+[:-]")
 _PATH = re.compile(r"/|\.[A-Za-z]")
 SEARCH_SAMPLE = 200  # lines looked at to tell a search result
 DIFF = re.compile(r"^(?:diff --git |--- \S|\+\+\+ \S)", re.MULTILINE)
@@ -54,9 +53,12 @@ def is_search(lines: list[str]) -> bool:
     return matching >= 0.8 * len(content)
 
 
-def _match(line: str) -> re.Match[str] | None:
-    found = SEARCH_LINE.fullmatch(line)
-    return found if found is not None and _PATH.search(found["path"]) else None
+def _match(line: str) -> tuple[str, str] | None:
+    """The path of a search's line and the rest, `line:text` (None when it is none)."""
+    path, colon, rest = line.partition(":")
+    if not colon or len(path) > 400 or " " in path or "\t" in path or not _PATH.search(path):
+        return None
+    return (path, rest) if _LINE_NUMBER.match(rest) else None
 
 
 def is_diff(text: str) -> bool:
@@ -69,61 +71,63 @@ def is_html(text: str) -> bool:
     return HTML.match(text) is not None
 
 
-def grouped(lines: list[str], per_file: int | None) -> tuple[str, int]:
-    """A search's matches grouped by file: the path, then its matches as `  line:text`; with
-    `per_file`, at most that many of a file's matches besides the salient ones. And how many
-    matches were left out."""
-    files: dict[str, list[str]] = {}
-    other: list[str] = []
-    for line in lines:
+Entry = tuple[str, bool]  # a line to keep and whether it is salient (kept past any cap)
+Groups = list[tuple[str | None, list[Entry]]]  # lines kept as they are, each with its group
+
+
+@functools.lru_cache(maxsize=4)
+def search_groups(text: str) -> Groups:
+    """A search's matches by file, each as `  line:text` (the path said once, before them);
+    the lines that are no match, last. Cached: the lossless form and a lossy one are both
+    made from them."""
+    salient = set(error_lines(text))
+    files: dict[str, list[Entry]] = {}
+    other: list[Entry] = []
+    for index, line in enumerate(text.split("\n")):
         found = _match(line)
         if found is None:
             if line and line != "--":
-                other.append(line)
+                other.append((line, index in salient))
             continue
-        match = f"  {found['line']}{found['sep']}{found['text']}"
-        files.setdefault(found["path"], []).append(match)
-    out = []
-    left = 0
-    for path, matches in files.items():
-        kept, more = _capped(matches, per_file, "matches in this file")
-        out += [path, *kept]
-        left += more
-    return "\n".join([*out, *other]), left
+        path, rest = found
+        files.setdefault(path, []).append((f"  {rest}", index in salient))
+    return [*((path, matches) for path, matches in files.items()), (None, other)]
 
 
-def diff_changes(text: str, per_hunk: int) -> tuple[str, int, int]:
-    """The diff's file and hunk headers and changed lines, at most `per_hunk` changed lines a
-    hunk; and the context and changed lines left out."""
-    out: list[str] = []
-    hunk: list[str] = []
+def diff_groups(text: str) -> tuple[Groups, int]:
+    """A diff's file and hunk headers, each with the changed lines after it; and how many
+    context lines it had."""
+    salient = set(error_lines(text))
+    groups: Groups = [(None, [])]
     context = 0
-    changed = 0
-
-    def close() -> None:
-        nonlocal changed
-        kept, left = _capped(hunk, per_hunk, "changed lines in this hunk")
-        changed += left
-        out.extend(kept)
-        hunk.clear()
-
-    for line in text.split("\n"):
+    for index, line in enumerate(text.split("\n")):
         if line.startswith(("+", "-")) and not line.startswith(("+++ ", "--- ")):
-            hunk.append(line)
+            groups[-1][1].append((line, index in salient))
         elif line.startswith(_DIFF_KEPT):
-            close()
-            out.append(line)
-        elif line.startswith("index "):
-            continue
-        else:
+            groups.append((line, []))
+        elif not line.startswith("index "):
             context += 1
-    close()
-    return "\n".join(out), context, changed
+    return groups, context
+
+
+def render(groups: Groups, cap: int | None, what: str) -> tuple[str, int]:
+    """Each group's head and at most `cap` of its lines besides the salient ones; and how many
+    lines were left out."""
+    out: list[str] = []
+    left = 0
+    for head, entries in groups:
+        if head is not None:
+            out.append(head)
+        kept, more = _capped(entries, cap, what)
+        out += kept
+        left += more
+    return "\n".join(out), left
 
 
 def compress_diff(text: str, budget: int, limits: Limits) -> Shrunk:
+    groups, context = diff_groups(text)
     for share in _TRIES:
-        body, context, changed = diff_changes(text, round(limits.items * share))
+        body, changed = render(groups, round(limits.items * share), "changed lines in this hunk")
         if len(body) <= budget:
             break
     notes = [f"{context} context lines"]
@@ -132,9 +136,10 @@ def compress_diff(text: str, budget: int, limits: Limits) -> Shrunk:
     return Shrunk(body, ", ".join(notes))
 
 
-def compress_search(lines: list[str], budget: int, limits: Limits) -> Shrunk:
+def compress_search(text: str, budget: int, limits: Limits) -> Shrunk:
+    groups = search_groups(text)
     for share in _TRIES:
-        body, left = grouped(lines, round(limits.items * share))
+        body, left = render(groups, round(limits.items * share), "matches in this file")
         if len(body) <= budget:
             return Shrunk(body, f"{left} matches" if left else "")
     # Too many files even with one match each: the grouped lines, middle-out.
@@ -217,11 +222,11 @@ def _dense(line: str) -> bool:
     return line.count(" ") + line.count("\t") < 0.03 * len(line)
 
 
-def _capped(entries: list[str], limit: int | None, what: str) -> tuple[list[str], int]:
-    """The first `limit` entries and the salient ones, a note for the rest; and how many
-    that is."""
-    if limit is None or len(entries) <= limit:
-        return entries, 0
-    kept = [e for i, e in enumerate(entries) if i < limit or is_salient_text(e)]
+def _capped(entries: list[Entry], cap: int | None, what: str) -> tuple[list[str], int]:
+    """The first `cap` entries and the salient ones, a note for the rest; and how many that
+    is."""
+    if cap is None or len(entries) <= cap:
+        return [line for line, _ in entries], 0
+    kept = [line for i, (line, salient) in enumerate(entries) if i < cap or salient]
     left = len(entries) - len(kept)
     return ([*kept, f"  [\u2026 {left} more {what}]"] if left else kept), left

@@ -32,6 +32,8 @@ _ERROR_ANY_CASE = re.compile("|".join(ERROR_WORDS), re.IGNORECASE)
 # Test runners' failure lines that name no error: pytest's `E   `, go's `--- FAIL`, jest's
 # crosses and bullets.
 LINE_STARTS = ("\nE  ", "--- FAIL", "\u2715 ", "\u2717 ", "\u25cf ")
+_CROSSES = LINE_STARTS[2:]
+SHORT = 2048
 WARNING = "warn"
 # Lines that continue the block a salient line opened: indented lines (a traceback's frames),
 # `at ...` frames, `Caused by:` and `... N more`.
@@ -58,7 +60,7 @@ def error_lines(text: str) -> tuple[int, ...]:
 
 
 def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
-    offsets = _errors(text)
+    offsets = error_offsets(text)
     for marker in LINE_STARTS:
         at = text.find(marker)
         while at >= 0:
@@ -91,20 +93,17 @@ def block_end(lines: list[str], start: int) -> int:
 
 def is_salient_text(text: str) -> bool:
     """Whether `text` holds an error or a failure."""
+    if "--- FAIL" in text or "\nE  " in text or any(mark in text for mark in _CROSSES):
+        return True
+    if len(text) < SHORT:  # one regex beats a scan a word (a JSON value, a record)
+        return _ERROR_ANY_CASE.search(text) is not None
     low = text.lower()
     if len(low) != len(text):
         return _ERROR_ANY_CASE.search(text) is not None
-    return (
-        any(word in low for word in ERROR_WORDS)
-        or "--- FAIL" in text
-        or "\u2715 " in text
-        or "\u2717 " in text
-        or "\u25cf " in text
-        or "\nE  " in text
-    )
+    return any(word in low for word in ERROR_WORDS)
 
 
-def _errors(text: str) -> list[int]:
+def error_offsets(text: str) -> list[int]:
     """The offsets of the error words in `text`."""
     low = text.lower()
     # Lowercasing keeps offsets unless a character lowercases to several (rare: then the
