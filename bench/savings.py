@@ -96,11 +96,19 @@ class Proxy:
     network: replay the session's plan while its prefix matches, compact at the compact level,
     to the target."""
 
-    def __init__(self, name: str, policy: Policy, budget: policies.Budget, counter: TokenCounter):
+    def __init__(
+        self,
+        name: str,
+        policy: Policy,
+        budget: policies.Budget,
+        counter: TokenCounter,
+        summarizer: policies.Summarizer | None = None,
+    ):
         self.name = name
         self.policy = policy
         self.budget = budget
         self.counter = counter
+        self.summarizer = summarizer  # None: the mechanical digest
         self.start()
 
     def start(self) -> None:
@@ -121,6 +129,7 @@ class Proxy:
             policy=self.policy.compaction,
             counter=self.counter,
             fixed_tokens=REPLY_PRIMING,
+            summarizer=self.summarizer,
         )
         if not result.fits:
             return None  # the proxy answers context_length_exceeded itself

@@ -21,6 +21,7 @@ from policies.decision import Decision
 from policies.digest import digest
 from policies.layers import DEFAULT_LAYERS, LAYERS, Layer, LayerSpec
 from policies.layers.clear_tool_results import ClearToolResultsParams
+from policies.layers.compress_tool_results import CompressToolResultsParams
 from policies.layers.drop_tool_blocks import DropToolBlocksParams
 from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import TrimHeadParams
@@ -39,6 +40,7 @@ __all__ = [
     "Chain",
     "ClearToolResultsParams",
     "Compaction",
+    "CompressToolResultsParams",
     "Context",
     "Counter",
     "Decision",

@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.anchors import find_anchors
+from policies.compress import salient_lines
 from policies.counting import Counter
-from policies.message import Message, content_text, visible_text
+from policies.message import Message, content_text, is_error_result, visible_text
 from policies.summary import Summarizer
 
 
@@ -45,9 +46,20 @@ class Context:
     # Caches of derived values: an edit is counted once however often layers look at it.
     _edit_tokens: dict[int, tuple[Message, int]] = field(default_factory=dict, repr=False)
     _anchors: dict[int, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    _salient: dict[int, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def in_turn(self, position: int) -> bool:
         return position >= self.turn_start or position == self.task
+
+    def tool_selected(
+        self, message: Message, allow: tuple[str, ...] | None, deny: tuple[str, ...]
+    ) -> bool:
+        """Whether the tool that answered with `message` passes a layer's tool lists (`allow`
+        None: every tool but those in `deny`)."""
+        name = self.tool_names.get(str(message.get("tool_call_id")), message.get("name"))
+        if name in deny:
+            return False
+        return allow is None or name in allow
 
     @property
     def floor_tokens(self) -> int:
@@ -69,15 +81,33 @@ class Context:
             self._edit_tokens[position] = cached
         return cached[1]
 
-    def anchor_matches(self, position: int) -> tuple[str, ...]:
-        """The anchors in the original message at `position`."""
-        if not self.anchors:
-            return ()
+    def anchor_matches(self, position: int, *, salient: bool = True) -> tuple[str, ...]:
+        """What must stay visible of the original message at `position` when it is removed
+        or changed: its anchors and, for a tool output and with `salient`, its salient lines
+        (its errors and failures, see `policies.compress.salient_lines`; not of a compressed
+        output, which keeps them in its own form)."""
         found = self._anchors.get(position)
         if found is None:
-            found = self._anchors[position] = find_anchors(
-                self.anchors, visible_text(self.chain[position])
+            found = self._anchors[position] = (
+                find_anchors(self.anchors, visible_text(self.chain[position]))
+                if self.anchors
+                else ()
             )
+        if not salient:
+            return found
+        lines = self.salient_lines(position)
+        return (*found, *(line for line in lines if line not in found)) if lines else found
+
+    def salient_lines(self, position: int) -> tuple[str, ...]:
+        """The salient lines of the tool output at `position` (none for other messages)."""
+        message = self.chain[position]
+        if message.get("role") != "tool":
+            return ()
+        found = self._salient.get(position)
+        if found is None:
+            text = content_text(message.get("content"))
+            found = tuple(salient_lines(text, is_error=is_error_result(message)))
+            self._salient[position] = found
         return found
 
 

@@ -37,6 +37,7 @@ class Draft:
             p: e if e is None or p >= len(ctx.chain) else applied_edit(e, ctx.chain[p])
             for p, e in plan.edits.items()
         }
+        self.levels = dict(plan.levels)
         self.anchor_block = plan.anchor_block
         self.anchor_cap = ctx.anchor_block_max_tokens
         self.changed: list[int] = []
@@ -77,12 +78,18 @@ class Draft:
         found = ((p, self.current(p)) for p in positions if not self.ctx.in_turn(p))
         return [(p, message) for p, message in found if message is not None]
 
-    def set(self, position: int, message: Message | None) -> None:
-        """Replace the message at `position` (None drops it)."""
+    def set(self, position: int, message: Message | None, level: int | None = None) -> None:
+        """Replace the message at `position` (None drops it); `level` is that of a compressed
+        tool output."""
         self._body += self.ctx.message_tokens(position, message) - self.tokens_at(position)
         self.edits[position] = message
+        if level is None:
+            self.levels.pop(position, None)
+        else:
+            self.levels[position] = level
         self.changed.append(position)
-        self._lose(position, visible_text(message) if message is not None else "")
+        still = visible_text(message) if message is not None else ""
+        self._lose(position, still, salient=level is None)
 
     def evict(self, cut: int, summary: Summary | None) -> None:
         """Replace the chain before `cut` by `summary`."""
@@ -105,6 +112,7 @@ class Draft:
             summary=self.summary,
             edits={p: e for p, e in self.edits.items() if p >= self.cut},
             covered=max(self.plan.covered, len(self.ctx.chain)),
+            levels={p: level for p, level in self.levels.items() if p >= self.cut},
         )
         lost = lost_anchors(self.messages, plan, self.ctx)
         self.anchor_block = anchor_block(lost, self.anchor_cap, self.ctx.counter)
@@ -131,8 +139,8 @@ class Draft:
         header = header_message(summary, self.anchor_block, self.ctx.summary_role)
         return 0 if header is None else self.ctx.counter.message(header)
 
-    def _lose(self, position: int, still_visible: str) -> None:
-        for anchor in self.ctx.anchor_matches(position):
+    def _lose(self, position: int, still_visible: str, *, salient: bool = True) -> None:
+        for anchor in self.ctx.anchor_matches(position, salient=salient):
             if anchor in self._lost or anchor in still_visible:
                 continue
             if self.anchor_block is not None and anchor in self.anchor_block.split("\n"):
@@ -141,13 +149,18 @@ class Draft:
             self._lost_tokens += self.ctx.counter.text(anchor) + 1
 
 
-def lost_anchors(messages: Sequence[Message], plan: Plan, ctx: Context) -> list[str]:
-    """Anchors of the messages `plan` evicts or edits that its view does not show."""
-    if not ctx.anchors:
-        return []
+def lost_anchors(
+    messages: Sequence[Message], plan: Plan, ctx: Context, *, salient: bool = True
+) -> list[str]:
+    """Anchors (and, with `salient`, salient lines of tool outputs) of the messages `plan`
+    evicts or edits that its view does not show."""
     end = len(ctx.chain)
     changed = [*range(min(plan.cut, end)), *sorted(p for p in plan.edits if plan.cut <= p < end)]
-    needed = dict.fromkeys(anchor for p in changed for anchor in ctx.anchor_matches(p))
+    needed = dict.fromkeys(
+        anchor
+        for p in changed
+        for anchor in ctx.anchor_matches(p, salient=salient and p not in plan.levels)
+    )
     if not needed:
         return []
     view = "\n".join(visible_text(m) for m in render(messages, plan, summary_role=ctx.summary_role))

@@ -47,6 +47,12 @@ def call_arguments(call: Mapping[str, Any]) -> str:
     return arguments if isinstance(arguments, str) else ""
 
 
+def is_error_result(message: Mapping[str, Any]) -> bool:
+    """Whether a tool message says its call failed (Anthropic's `is_error: true`): an error
+    as a whole, never cut."""
+    return message.get("is_error") is True
+
+
 def visible_text(message: Mapping[str, Any]) -> str:
     """All text the model reads in a message: its content and its tool calls."""
     text = content_text(message.get("content"))

@@ -83,7 +83,9 @@ async def compact(
             plan = changed
             decisions.append(decision)
             tokens = decision.tokens_after
-    truncated = bool(lost_anchors(messages, plan, ctx))
+    # Salient lines are kept as far as their share allows: only configured anchors that did
+    # not fit are reported.
+    truncated = bool(lost_anchors(messages, plan, ctx, salient=False))
     if truncated != plan.anchors_truncated:
         plan = replace(plan, anchors_truncated=truncated)
     return Compaction(

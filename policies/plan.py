@@ -28,10 +28,12 @@ class Plan:
     """How one branch of a conversation is rewritten, by chain position.
 
     Chain positions index the non-system messages. Positions before `cut` are replaced by
-    `summary`; `edits` replace (or, with None, drop) later messages; `covered` is how many
-    chain positions the plan was computed over; `anchors_truncated` says that its view
-    lacks anchors of what it removed (they did not fit their cap), so that every response
-    built from it says so. The empty plan changes nothing.
+    `summary`; `edits` replace (or, with None, drop) later messages; `levels` is the
+    compression level of each edit that is a compressed tool output (so that the next
+    compaction goes on from it); `covered` is how many chain positions the plan was computed
+    over; `anchors_truncated` says that its view lacks anchors of what it removed (they did
+    not fit their cap), so that every response built from it says so. The empty plan changes
+    nothing.
     """
 
     cut: int = 0
@@ -40,6 +42,7 @@ class Plan:
     anchor_block: str | None = None
     covered: int = 0
     anchors_truncated: bool = False
+    levels: Mapping[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (edit keys become strings)."""
@@ -50,6 +53,7 @@ class Plan:
             "anchor_block": self.anchor_block,
             "covered": self.covered,
             "anchors_truncated": self.anchors_truncated,
+            "levels": {str(position): level for position, level in self.levels.items()},
         }
 
     @classmethod
@@ -63,8 +67,9 @@ class Plan:
                 edits={int(k): v for k, v in data["edits"].items()},
                 anchor_block=data["anchor_block"],
                 covered=int(data["covered"]),
-                # Absent from plans stored before it was recorded.
+                # Absent from plans stored before they were recorded.
                 anchors_truncated=data.get("anchors_truncated", False),
+                levels={int(k): v for k, v in data.get("levels", {}).items()},
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a plan: {error!r}") from error
@@ -83,6 +88,11 @@ class Plan:
             raise ValueError("not a plan: anchor_block is not text")
         if not isinstance(plan.anchors_truncated, bool):
             raise ValueError("not a plan: anchors_truncated is not a boolean")
+        if not all(
+            type(level) is int and level > 0 and plan.edits.get(p) is not None
+            for p, level in plan.levels.items()
+        ):
+            raise ValueError("not a plan: a level is not a positive integer of an edit")
         return plan
 
 

@@ -29,11 +29,14 @@ from policies import (
     media_tokens,
     tool_pair_problems,
 )
+from policies.compress import PREFIX
 from policies.plan import ANCHOR_HEADING, DIGEST_HEADING, SUMMARY_HEADING
 
 TRACES = Path(__file__).resolve().parent / "data"
 ANCHOR = r"ORDER-\d{4}"
 TRUNCATED = "\n[TRUNCATED original~"
+COMPRESSED = PREFIX
+JSON_COMPRESSED = '{"compressed":"' + PREFIX
 CLEARED = ClearToolResultsParams().placeholder
 MEDIA_CLEARED = ClearToolResultsParams().media_placeholder
 
@@ -296,9 +299,12 @@ def _content_from(original: Message, content: Any) -> bool:
     old = original.get("content")
     if content == old:
         return True
-    if original.get("role") == "tool" and content == CLEARED:
+    tool = original.get("role") == "tool"
+    if tool and isinstance(content, str) and _cleared(content_text(old), content):
         return True
     if isinstance(content, str) and _truncation_of(content_text(old), content):
+        return True
+    if tool and isinstance(content, str) and _compression_of(content_text(old), content):
         return True
     if isinstance(content, list) and isinstance(old, list) and len(content) == len(old):
         return all(
@@ -307,9 +313,27 @@ def _content_from(original: Message, content: Any) -> bool:
                 new == {"type": "text", "text": MEDIA_CLEARED}
                 and part.get("type") in ("image_url", "file")
             )
+            or (
+                tool
+                and new.get("type") == part.get("type") == "text"
+                and _compression_of(part["text"], new["text"])
+            )
             for new, part in zip(content, old, strict=True)
         )
     return False
+
+
+def _cleared(original: str, text: str) -> bool:
+    """The placeholder, then salient lines of the original (verbatim pieces of it, or records
+    of a JSON original)."""
+    placeholder, *kept = text.split("\n")
+    return placeholder == CLEARED and all(
+        line in original or original.lstrip().startswith(("[", "{")) for line in kept
+    )
+
+
+def _compression_of(original: str, text: str) -> bool:
+    return text.startswith((COMPRESSED, JSON_COMPRESSED)) and len(text) < len(original)
 
 
 def _truncation_of(original: str, text: str) -> bool:

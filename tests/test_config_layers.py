@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from policies import ClearToolResultsParams, LayerSpec, TrimHeadParams
-from proxy.config import ConfigError, loads
+from policies import (
+    ClearToolResultsParams,
+    CompressToolResultsParams,
+    LayerSpec,
+    TrimHeadParams,
+)
+from policies.compress import Limits
+from proxy.config import ConfigError, load, loads
 
 BASE = """
 upstreams:
@@ -70,3 +76,52 @@ def test_bad_compaction_keys_are_named() -> None:
     # The policy's own rules, every one it breaks, at the policy's key and line.
     assert rules.startswith("policies.default (<config>, line 5): summary_role must be one of")
     assert "; anchor '([' is not a valid regular expression" in rules
+
+
+def test_compression_is_configured_per_policy() -> None:
+    config = loads(
+        policy(
+            """
+layers:
+  - compress_tool_results:
+      levels: [800, 200]
+      compressors: [json, log]
+      deny_tools: [Read]
+      limits: {context_lines: 4}
+  - clear_tool_results: {salient_tokens: 0}
+"""
+        )
+    )
+    (compress, clear) = config.policies["default"].compaction.layers
+    assert compress == LayerSpec(
+        "compress_tool_results",
+        CompressToolResultsParams(
+            levels=(800, 200),
+            compressors=("json", "log"),
+            deny_tools=("Read",),
+            limits=Limits(context_lines=4),
+        ),
+    )
+    assert clear.params.salient_tokens == 0
+    assert config.masked()["policies"]["default"]["layers"][0]["compress_tool_results"][
+        "limits"
+    ] == {"context_lines": 4, "warning_lines": 20, "items": 20, "blob_chars": 256}
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ("{compressors: [json, xml]}", "unknown compressors ['xml']"),
+        ("{levels: [200, 800]}", "levels must be positive and decreasing"),
+        ("{limits: {context_lines: -1}}", "context_lines must not be negative"),
+        ("{limits: {lines: 3}}", "limits.lines (<config>, line 6): unknown key"),
+    ],
+)
+def test_bad_compression_settings_are_named(params: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        loads(policy(f"layers: [{{compress_tool_results: {params}}}]"))
+    assert message in str(error.value)
+
+
+def test_the_shipped_config_compresses_first() -> None:
+    assert load().policies["default"].compaction.layers[0].name == "compress_tool_results"

@@ -15,6 +15,10 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from policies.draft import Draft
 from policies.layers.clear_tool_results import ClearToolResultsParams, clear_tool_results
+from policies.layers.compress_tool_results import (
+    CompressToolResultsParams,
+    compress_tool_results,
+)
 from policies.layers.drop_tool_blocks import DropToolBlocksParams, drop_tool_blocks
 from policies.layers.summarize import SummarizeParams, summarize
 from policies.layers.trim_head import TrimHeadParams, trim_head
@@ -39,6 +43,7 @@ class LayerSpec(NamedTuple):
 
 
 LAYERS: Mapping[str, Layer[Any]] = {
+    "compress_tool_results": Layer(compress_tool_results, CompressToolResultsParams),
     "clear_tool_results": Layer(clear_tool_results, ClearToolResultsParams),
     "truncate_tool_fields": Layer(truncate_tool_fields, TruncateToolFieldsParams),
     "drop_tool_blocks": Layer(drop_tool_blocks, DropToolBlocksParams),

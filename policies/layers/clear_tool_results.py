@@ -1,7 +1,9 @@
 """clear_tool_results: old tool results, and large old images and documents, become placeholders.
 
 The oldest go first, until the view is at the target; the newest `keep_last` results before
-the current turn and the current turn's are kept.
+the current turn and the current turn's are kept. A cleared result keeps its salient lines
+(errors, failures, the records that differ) after the placeholder, up to `salient_tokens`;
+those that do not fit go to the anchor block beside the summary.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ class ClearToolResultsParams:
     deny_tools: tuple[str, ...] = ()
     media_max_tokens: int = 2000
     media_placeholder: str = "[Old image or document cleared]"
+    salient_tokens: int = 120  # of a cleared result's salient lines kept after the placeholder
 
     def __post_init__(self) -> None:
-        if self.keep_last < 0 or self.media_max_tokens < 0:
-            raise ValueError("keep_last and media_max_tokens must not be negative")
+        if min(self.keep_last, self.media_max_tokens, self.salient_tokens) < 0:
+            raise ValueError("keep_last, media_max_tokens and salient_tokens must not be negative")
 
 
 async def clear_tool_results(draft: Draft, params: ClearToolResultsParams) -> str:
@@ -37,7 +40,7 @@ async def clear_tool_results(draft: Draft, params: ClearToolResultsParams) -> st
         if not draft.over():
             break
         if _is_tool(message) and position not in kept and _clearable(message, ctx, params):
-            edit, kind = {**message, "content": params.placeholder}, "results"
+            edit, kind = {**message, "content": _placeholder(position, ctx, params)}, "results"
         else:
             edit, kind = _without_media(message, params), "media"
         if edit is not message and ctx.counter.message(edit) < draft.tokens_at(position):
@@ -53,10 +56,19 @@ def _is_tool(message: Message) -> bool:
 def _clearable(message: Message, ctx: Context, params: ClearToolResultsParams) -> bool:
     if message.get("content") == params.placeholder:
         return False
-    name = ctx.tool_names.get(str(message.get("tool_call_id")), message.get("name"))
-    if name in params.deny_tools:
-        return False
-    return params.allow_tools is None or name in params.allow_tools
+    return ctx.tool_selected(message, params.allow_tools, params.deny_tools)
+
+
+def _placeholder(position: int, ctx: Context, params: ClearToolResultsParams) -> str:
+    """The placeholder, then the result's salient lines that fit in `salient_tokens`."""
+    lines = [params.placeholder]
+    room = params.salient_tokens
+    for line in ctx.salient_lines(position):
+        room -= ctx.counter.text(line) + 1
+        if room < 0:
+            break
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _without_media(message: Message, params: ClearToolResultsParams) -> Message:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from policies.context import Context
 from policies.digest import digest
 from policies.draft import Draft
-from policies.message import media_as_labels, visible_text
+from policies.message import Message, media_as_labels, visible_text
 from policies.summary import TAIL_HEADING, Summary, SummaryRequest
 
 OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower than ours
@@ -91,7 +91,7 @@ def summary_request(
     of a digest of its tail and the newly evicted part."""
     ctx = draft.ctx
     positions = range(draft.cut, cut)
-    shown = [(p, m) for p in positions if (m := draft.current(p)) is not None]
+    shown = [(p, m) for p in positions if (m := _original(draft, p)) is not None]
     if not shown:
         return None
     removed = sum(map(draft.tokens_at, positions))
@@ -105,6 +105,11 @@ def summary_request(
         end=cut,
         positions=tuple(p for p, _ in shown),
     )
+
+
+def _original(draft: Draft, position: int) -> Message | None:
+    """The message as the view shows it, a compressed tool output as the client sent it."""
+    return draft.ctx.chain[position] if position in draft.levels else draft.current(position)
 
 
 def _previous_tokens(draft: Draft, kept: Summary | None) -> int:

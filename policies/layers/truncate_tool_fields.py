@@ -2,7 +2,8 @@
 
 A field over its threshold keeps its first `keep_tokens` tokens, then a newline and
 the marker, e.g. `[TRUNCATED original~812 tokens]`. The oldest go first, until the view is at
-the target; the current turn is never touched.
+the target; the current turn is never touched, nor is a compressed tool output (cutting its
+tail would cut the errors compression kept).
 
 A truncated argument is no longer valid JSON. The model sees the old call cut off and
 marked, which tells it what was called and how the arguments began, for example
@@ -45,7 +46,7 @@ async def truncate_tool_fields(draft: Draft, params: TruncateToolFieldsParams) -
     for position, message in draft.candidates(range(draft.cut, len(ctx.chain))):
         if not draft.over():
             break
-        if draft.tokens_at(position) <= smallest:
+        if draft.tokens_at(position) <= smallest or position in draft.levels:
             continue  # no field of it can be over (counting a field is the costly part)
         edit = message
         if message.get("role") == "tool":

@@ -1,0 +1,232 @@
+"""Search results, diffs, HTML and blobs: detected by their shape, each compressed its own way.
+
+- search/grep results (`path:line:text`): grouped by file, the path said once (lossless); then
+  fewer matches per file, the salient ones kept;
+- unified diffs: file and hunk headers with the changed lines, context lines left out; then
+  fewer changed lines per hunk;
+- HTML: its text;
+- base64 and minified runs inside any text: elided with their size.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import re
+from collections.abc import Iterator
+
+from policies.compress.limits import Limits
+from policies.compress.lines import Shrunk, compress_lines
+from policies.compress.salience import error_lines, is_salient_text
+
+# `path:line:text` (grep -n, ripgrep; `path-line-text` for context lines): a path without
+# spaces that has a slash or an extension (a timestamp's `10:00:00` is no match).
+_LINE_NUMBER = re.compile(r"\d+[:-]")
+_PATH = re.compile(r"/|\.[A-Za-z]")
+SEARCH_SAMPLE = 200  # lines looked at to tell a search result
+DIFF = re.compile(r"^(?:diff --git |--- \S|\+\+\+ \S)", re.MULTILINE)
+HUNK = re.compile(r"^@@ -\d", re.MULTILINE)
+HTML = re.compile(r"\s*(?:<!doctype html|<html|<head|<body)", re.IGNORECASE)
+_HIDDEN = re.compile(r"<(script|style|noscript|template|svg)\b.*?</\1\s*>|<!--.*?-->", re.I | re.S)
+_BREAK = re.compile(
+    r"<(?:br|/p|/div|/li|/tr|/h[1-6]|/title|/section|/article|/header|/footer|/table|/ul|/ol|"
+    r"/pre|/blockquote|/dt|/dd)\b[^>]*>",
+    re.IGNORECASE,
+)
+_TAG = re.compile(r"<[^>]*>")
+_DATA_URL = re.compile(r"data:[\w/+.-]+;base64,\Z")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_DIFF_KEPT = ("diff ", "--- ", "+++ ", "@@", "new file", "deleted file", "rename ", "Binary ")
+# Per-file matches (search) and per-hunk changed lines (diff) at each try, as shares of
+# `Limits.items`, until the form fits.
+_TRIES = (1.0, 0.5, 0.25, 0.1, 0.0)
+
+
+def is_search(lines: list[str]) -> bool:
+    """Whether nearly every line (of the first ones) is a `path:line:text` match (or grep's
+    `--` separator)."""
+    content = [line for line in lines[: 2 * SEARCH_SAMPLE] if line and line != "--"]
+    content = content[:SEARCH_SAMPLE]
+    if len(content) < 3:
+        return False
+    matching = sum(_match(line) is not None for line in content)
+    return matching >= 0.8 * len(content)
+
+
+def _match(line: str) -> tuple[str, str] | None:
+    """The path of a search's line and the rest, `line:text` (None when it is none)."""
+    path, colon, rest = line.partition(":")
+    if not colon or len(path) > 400 or " " in path or "\t" in path or not _PATH.search(path):
+        return None
+    return (path, rest) if _LINE_NUMBER.match(rest) else None
+
+
+def is_diff(text: str) -> bool:
+    # A substring first: a MULTILINE regex over 100 KB is a millisecond.
+    hunk = "\n@@ -" in text or text.startswith("@@ -")
+    return hunk and HUNK.search(text) is not None and DIFF.search(text) is not None
+
+
+def is_html(text: str) -> bool:
+    return HTML.match(text) is not None
+
+
+Entry = tuple[str, bool]  # a line to keep and whether it is salient (kept past any cap)
+Groups = list[tuple[str | None, list[Entry]]]  # lines kept as they are, each with its group
+
+
+@functools.lru_cache(maxsize=4)
+def search_groups(text: str) -> Groups:
+    """A search's matches by file, each as `  line:text` (the path said once, before them);
+    the lines that are no match, last. Cached: the lossless form and a lossy one are both
+    made from them."""
+    salient = set(error_lines(text))
+    files: dict[str, list[Entry]] = {}
+    other: list[Entry] = []
+    for index, line in enumerate(text.split("\n")):
+        found = _match(line)
+        if found is None:
+            if line and line != "--":
+                other.append((line, index in salient))
+            continue
+        path, rest = found
+        files.setdefault(path, []).append((f"  {rest}", index in salient))
+    return [*((path, matches) for path, matches in files.items()), (None, other)]
+
+
+def diff_groups(text: str) -> tuple[Groups, int]:
+    """A diff's file and hunk headers, each with the changed lines after it; and how many
+    context lines it had."""
+    salient = set(error_lines(text))
+    groups: Groups = [(None, [])]
+    context = 0
+    for index, line in enumerate(text.split("\n")):
+        if line.startswith(("+", "-")) and not line.startswith(("+++ ", "--- ")):
+            groups[-1][1].append((line, index in salient))
+        elif line.startswith(_DIFF_KEPT):
+            groups.append((line, []))
+        elif not line.startswith("index "):
+            context += 1
+    return groups, context
+
+
+def render(groups: Groups, cap: int | None, what: str) -> tuple[str, int]:
+    """Each group's head and at most `cap` of its lines besides the salient ones; and how many
+    lines were left out."""
+    out: list[str] = []
+    left = 0
+    for head, entries in groups:
+        if head is not None:
+            out.append(head)
+        kept, more = _capped(entries, cap, what)
+        out += kept
+        left += more
+    return "\n".join(out), left
+
+
+def compress_diff(text: str, budget: int, limits: Limits) -> Shrunk:
+    groups, context = diff_groups(text)
+    for share in _TRIES:
+        body, changed = render(groups, round(limits.items * share), "changed lines in this hunk")
+        if len(body) <= budget:
+            break
+    notes = [f"{context} context lines"]
+    if changed:
+        notes.append(f"{changed} changed lines")
+    return Shrunk(body, ", ".join(notes))
+
+
+def compress_search(text: str, budget: int, limits: Limits) -> Shrunk:
+    groups = search_groups(text)
+    for share in _TRIES:
+        body, left = render(groups, round(limits.items * share), "matches in this file")
+        if len(body) <= budget:
+            return Shrunk(body, f"{left} matches" if left else "")
+    # Too many files even with one match each: the grouped lines, middle-out.
+    shrunk = compress_lines(body, budget, limits)
+    notes = [note for note in (f"{left} matches" if left else "", shrunk.elided) if note]
+    return Shrunk(shrunk.body, ", ".join(notes))
+
+
+def html_text(text: str) -> str:
+    """The text of an HTML page: scripts, styles and comments out, a line per block."""
+    text = _HIDDEN.sub(" ", text)
+    text = _BREAK.sub("\n", text)
+    text = html.unescape(_TAG.sub(" ", text))
+    lines = (" ".join(line.split()) for line in text.split("\n"))
+    return "\n".join(line for line in lines if line)
+
+
+def blob_runs(text: str, limits: Limits) -> tuple[tuple[int, int, str], ...]:
+    """The base64 and minified runs of `text`: start, end and what they are. Cached, as
+    `error_lines`: telling the kind and compressing both need them."""
+    return _blob_runs(text, limits.blob_chars)
+
+
+@functools.lru_cache(maxsize=8)
+def _blob_runs(text: str, chars: int) -> tuple[tuple[int, int, str], ...]:
+    return tuple(_runs(text, chars))
+
+
+def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
+    """Looked for only in the long whitespace-free tokens (split in C): a regex over the
+    whole text tries again at every position of every word, ten times slower."""
+    at = 0
+    for token in text.split():
+        if len(token) < chars:
+            continue
+        at = text.find(token, at)
+        for found in _BASE64.finditer(token):
+            if found.end() - found.start() < chars:
+                continue
+            start, end = at + found.start(), at + found.end()
+            head = _DATA_URL.search(text, max(0, start - 100), start)
+            if head is not None:
+                yield head.start(), end, "base64"
+            elif _mixed(found.group()):
+                yield start, end, "base64"
+        at += len(token)
+    start = 0
+    for line in text.split("\n"):
+        end = start + len(line)
+        if len(line) >= 4 * chars and _dense(line) and not is_salient_text(line):
+            yield start, end, "minified"
+        start = end + 1
+
+
+def _mixed(run: str) -> bool:
+    """Base64 rather than a long word: digits and letters of both cases."""
+    return any(c.isdigit() for c in run) and not run.isdigit() and not run.islower()
+
+
+def elide_blobs(text: str, limits: Limits) -> tuple[str, int]:
+    """`text` with its blobs as `[base64, N chars elided]`; and how many there were."""
+    out = []
+    at = count = 0
+    for start, end, kind in sorted(blob_runs(text, limits)):
+        if start < at:
+            continue  # base64 inside a minified line already elided
+        out += [text[at:start], f"[{kind}, {end - start} chars elided]"]
+        at = end
+        count += 1
+    out.append(text[at:])
+    return "".join(out), count
+
+
+def blob_share(text: str, limits: Limits) -> float:
+    return sum(end - start for start, end, _ in blob_runs(text, limits)) / max(1, len(text))
+
+
+def _dense(line: str) -> bool:
+    """Minified: next to no whitespace."""
+    return line.count(" ") + line.count("\t") < 0.03 * len(line)
+
+
+def _capped(entries: list[Entry], cap: int | None, what: str) -> tuple[list[str], int]:
+    """The first `cap` entries and the salient ones, a note for the rest; and how many that
+    is."""
+    if cap is None or len(entries) <= cap:
+        return [line for line, _ in entries], 0
+    kept = [line for i, (line, salient) in enumerate(entries) if i < cap or salient]
+    left = len(entries) - len(kept)
+    return ([*kept, f"  [\u2026 {left} more {what}]"] if left else kept), left
