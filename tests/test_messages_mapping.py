@@ -137,7 +137,12 @@ def test_a_user_turn_with_tool_results_is_tool_messages_then_its_other_blocks() 
                 }
             ],
         },
-        {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "A"}]},
+        {
+            "role": "tool",
+            "tool_call_id": "a",
+            "content": [{"type": "text", "text": "A"}],
+            "is_error": True,
+        },
         {
             "role": "user",
             "content": [{"type": "text", "text": "hm"}, {"type": "opaque", "tokens": 1600}],
@@ -182,6 +187,14 @@ def test_clearing_a_result_keeps_its_id_error_flag_and_breakpoint() -> None:
         "content": [text("and?")],
     }
     assert rebuilt(native, [(tool, None), (user, None)]) is None
+
+
+def test_a_failed_calls_result_reaches_the_engine_as_an_error() -> None:
+    failed = {"role": "user", "content": [result("a", "Traceback: boom", is_error=True)]}
+    ok = {"role": "user", "content": [result("b", "fine")]}
+    [error] = parse([failed]).messages
+    [fine] = parse([ok]).messages
+    assert policies.message.is_error_result(error) and not policies.message.is_error_result(fine)
 
 
 def test_a_truncated_input_stays_a_json_object_and_thinking_is_untouched() -> None:

@@ -157,7 +157,10 @@ def _tool(block: Block, where: Where) -> Message:
         inner = ""
     elif inner.__class__ is not str:
         raise BadBlock(_path(where, "tool_result.content"), "a valid list")
-    return {"role": "tool", "tool_call_id": use_id, "content": inner}
+    message: Message = {"role": "tool", "tool_call_id": use_id, "content": inner}
+    if block.get("is_error") is True:  # a failed call: the engine never cuts it (is_error_result)
+        message["is_error"] = True
+    return message
 
 
 def _call(block: Block, where: Where) -> dict[str, Any]:
