@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 from collections.abc import AsyncIterator, Callable
 
@@ -29,6 +28,7 @@ from proxy.models.tokens import configure_offline_encodings
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
 from proxy.server.admin import Admin
+from proxy.server.count_endpoint import CountEndpoint
 from proxy.server.disconnects import Endpoint, WatchedEndpoint
 from proxy.server.gate import Gate
 from proxy.server.guard import OPENAI, guarded
@@ -190,7 +190,7 @@ def create_app(
         route(responses.path, provider_compaction.responses, ["POST"], responses),
         route(COMPACT_PATH, provider_compaction.compact, ["POST"], responses),
         *(
-            route(d.count_path, functools.partial(h.count_tokens, d), ["POST"], d)
+            route(d.count_path, CountEndpoint(h, d), ["POST"], d)
             for h in proxy.handlers
             if isinstance(d := h.dialect, TokenCounting)
         ),

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.forward import SHADOW_HEADER, Forward, shown_action
+from proxy.compaction.forward import Forward
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import (
@@ -27,7 +27,6 @@ from proxy.dialects import (
     Parsed,
     StreamOverflow,
     StreamStartUsage,
-    TokenCounting,
     Usage,
 )
 from proxy.errors import (
@@ -40,7 +39,7 @@ from proxy.errors import (
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
-from proxy.server.relay import Relay, relayed
+from proxy.server.relay import Relay, relayed, whole_response
 from proxy.server.tenants import Tenants
 from proxy.sessions.sessions import session_id
 from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded
@@ -161,45 +160,6 @@ class Handler:
             return self._pass_on(labels, forward, payload, overhead, idle)
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
-    async def count_tokens(self, counting: TokenCounting, request: Request) -> ASGIApp:
-        """The API's own count of a prompt (Anthropic's count_tokens) for what would be sent:
-        the session's view when the client names its session and the session has a plan for
-        this history, else the request as it is. Nothing is compacted or stored. `counting`
-        is the handler's dialect (one with a count endpoint)."""
-        headers = request.headers
-        tenant = self.tenants.tenant(headers)
-        raw = await read_body(request, self.config.listen.max_body_bytes)
-        parsed = counting.parse(raw)
-        client_request = self.client_request(headers, tenant, parsed)
-        body, action = raw, "none"
-        if headers.get(self.config.sessions.header) or counting.session_hint(headers, parsed):
-            entries = await self.compactor.view(client_request)
-            if entries is not None:
-                action = "replayed"
-                # Under shadow mode the client's request is what goes upstream: count it.
-                if not client_request.shadow:
-                    body = counting.render(parsed, entries)
-        upstream = client_request.upstream
-        path = counting.count_upstream_path
-        query = query_string(request)
-        send_headers = list(client_request.headers)
-        response = await self.client.open(upstream, "POST", path, query, send_headers, body)
-        idle = upstream.timeouts.stream_idle
-        payload = await read_bounded(response, idle, upstream.max_answer_bytes)
-        route = f"{counting.name}_count"
-        self.metrics.answered(route, response.status, self.labels(client_request))
-        shadow = client_request.shadow
-        own = [
-            ("x-compaction-session", client_request.key),
-            ("x-compaction-action", shown_action(action, shadow=shadow)),
-            *([SHADOW_HEADER] if shadow else []),
-        ]
-        answered = relayable(response.headers) + own
-        if isinstance(payload, Unread):
-            return relayed(payload, answered, payload.chunks(idle))
-        response.release()
-        return _response(payload, response.status, answered)
-
     def client_request(
         self, headers: Mapping[str, str], tenant: str, parsed: Parsed
     ) -> ClientRequest:
@@ -272,7 +232,7 @@ class Handler:
         if response.status == 200:
             self._calibrate(request, labels, forward, self.dialect.usage(payload))
         self._count(labels, forward, response.status)
-        return _response(payload, response.status, self._headers(forward, response, overhead))
+        return whole_response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
         self,
@@ -388,14 +348,6 @@ class Handler:
                 "decisions": [dataclasses.asdict(d) for d in forward.decisions],
             },
         )
-
-
-def _response(payload: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
-    """A whole answer with exactly these headers (and its length)."""
-    out = Response(payload, status_code=status)
-    out.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
-    out.raw_headers.append((b"content-length", str(len(payload)).encode()))
-    return out
 
 
 async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

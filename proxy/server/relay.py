@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.errors import StreamBroken
@@ -110,3 +111,11 @@ def relayed(
 async def until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def whole_response(payload: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
+    """A whole answer with exactly these headers (and its length)."""
+    out = Response(payload, status_code=status)
+    out.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
+    out.raw_headers.append((b"content-length", str(len(payload)).encode()))
+    return out
