@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from proxy.errors import StoreUnavailable
+from proxy.sessions import recent
+from proxy.sessions.recent import Listing
 from proxy.sessions.sessions import session_key
 from proxy.sessions.store import MemoryStore, Record, RedisStore, SessionStore, open_store
 from tests.redis_servers import free_port, redis_server
@@ -289,6 +291,70 @@ async def test_ping(store: SessionStore) -> None:
     assert await store.ping() is True
 
 
+# -- the index of recent sessions ------------------------------------------------------------
+
+
+def listed(key: str, at: float) -> Listing:
+    return Listing(f"row of {key} at {at}".encode(), at)
+
+
+async def test_writes_list_their_sessions_newest_first(store: SessionStore) -> None:
+    now = time.time()
+    keys = [new_key() for _ in range(3)]
+    assert await store.recent() == []
+    for i, key in enumerate(keys):
+        assert await store.compare_and_set(key, 0, b"x", listing=listed(key, now + i)) == 1
+    assert await store.recent() == [listed(k, now + i) for i, k in reversed(list(enumerate(keys)))]
+    # A later write of the oldest puts it first; a row older than the one listed is not kept.
+    assert await store.compare_and_set(keys[0], 1, b"y", listing=listed(keys[0], now + 5)) == 2
+    assert await store.compare_and_set(keys[1], 1, b"y", listing=listed(keys[1], now - 5)) == 2
+    assert await store.recent() == [
+        listed(keys[0], now + 5),
+        listed(keys[2], now + 2),
+        listed(keys[1], now + 1),
+    ]
+    # A write without a listing leaves the row as it is.
+    assert await store.compare_and_set(keys[2], 1, b"z") == 2
+    assert [listing.at for listing in await store.recent()] == [now + 5, now + 2, now + 1]
+
+
+async def test_a_deleted_session_is_unlisted(store: SessionStore) -> None:
+    key, other = new_key(), new_key()
+    now = time.time()
+    assert await store.compare_and_set(key, 0, b"x", listing=listed(key, now)) == 1
+    assert await store.compare_and_set(other, 0, b"x", listing=listed(other, now)) == 1
+    await store.delete(key)
+    assert await store.recent() == [listed(other, now)]
+
+
+async def test_the_index_keeps_the_newest_rows(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recent, "MAX_LISTED", 2 * recent.SHARDS)
+    store = make_store()
+    now = time.time()
+    written = []
+    for i in range(6 * recent.SHARDS):
+        key = new_key()
+        written.append(listed(key, now + i))
+        assert await store.compare_and_set(key, 0, b"x", listing=written[-1]) == 1
+    rows = await store.recent()
+    # Redis keeps the newest of each shard: the newest two of all are kept whatever the shards.
+    assert len(rows) <= 2 * recent.SHARDS
+    assert rows[:2] == written[:-3:-1]
+
+
+async def test_rows_expire_with_their_sessions(make_store: MakeStore) -> None:
+    store = make_store(ttl_seconds=0.5)
+    key, old = new_key(), new_key()
+    now = time.time()
+    assert await store.compare_and_set(old, 0, b"x", listing=listed(old, now - 0.6)) == 1
+    assert await store.compare_and_set(key, 0, b"x", listing=listed(key, now)) == 1
+    assert await store.recent() == [listed(key, now)]
+    await asyncio.sleep(0.6)
+    assert await store.recent() == []
+
+
 # -- Redis specifics -----------------------------------------------------------------------
 
 
@@ -324,6 +390,43 @@ async def test_every_redis_key_has_a_ttl_and_the_session_hash_tag(
         keys[1]: {"state", "fence"},
         keys[2]: {"lock", "fence"},
     }
+
+
+async def test_the_index_is_a_few_keys_each_under_its_own_hash_tag_with_a_ttl(
+    prefix: str, redis: Redis
+) -> None:
+    store = RedisStore(REDIS_URL, ttl_seconds=100, key_prefix=prefix)
+    try:
+        for i in range(4 * recent.SHARDS):
+            key = new_key()
+            assert await store.compare_and_set(key, 0, b"x", listing=listed(key, i)) == 1
+    finally:
+        await store.close()
+    names = [raw.decode() async for raw in redis.scan_iter(match=f"{prefix}:{{recent-*")]
+    shape = re.compile(rf"{prefix}:\{{recent-([0-9]+)\}}:(order|rows)")
+    assert {shape.fullmatch(name)[2] for name in names} == {"order", "rows"}  # type: ignore[index]
+    assert len(names) <= 2 * recent.SHARDS
+    assert len({shape.fullmatch(name)[1] for name in names}) > 1  # type: ignore[index]
+    for name in names:
+        assert 98_000 < await redis.pttl(name) <= 100_000
+
+
+async def test_a_broken_index_fails_neither_the_write_nor_the_next(
+    prefix: str, redis: Redis
+) -> None:
+    """The index is best-effort: its keys unusable (here of the wrong type), the session is
+    still written, and the store does not fail fast afterwards as it does when Redis fails."""
+    store = RedisStore(REDIS_URL, ttl_seconds=100, key_prefix=prefix)
+    try:
+        for n in range(recent.SHARDS):
+            await redis.set(f"{prefix}:{{recent-{n}}}:order", "not a sorted set")
+        key = new_key()
+        assert await store.compare_and_set(key, 0, b"x", listing=listed(key, 1.0)) == 1
+        assert await store.get(key) == Record(1, b"x")
+        await store.delete(key)
+        assert await store.get(key) is None
+    finally:
+        await store.close()
 
 
 async def test_the_fence_outlives_a_short_state_ttl(prefix: str, redis: Redis) -> None:

@@ -3,7 +3,8 @@
 `MemoryStore` serves one process, `RedisStore` replicas sharing a Redis (one server, a
 Cluster, or a master behind Sentinels); both pass one contract suite (tests/test_store.py).
 Keys are `proxy.sessions.session_key` hashes, so raw client input never reaches the store,
-and the Redis keys of one session share a Redis Cluster hash tag. Every failure to answer is
+and the Redis keys of one session share a Redis Cluster hash tag. A write may carry the
+session's row in the index of recent sessions (`recent`). Every failure to answer is
 `StoreUnavailable`.
 """
 
@@ -23,6 +24,9 @@ from redis.typing import EncodableT
 
 from proxy.config.store_url import InvalidStoreURL, parse_store_url
 from proxy.errors import StoreUnavailable
+from proxy.sessions import recent
+from proxy.sessions import redis_scripts as scripts
+from proxy.sessions.recent import Listing, MemoryRecent, RedisRecent
 from proxy.sessions.redis_clients import connect
 
 log = logging.getLogger("compaction_proxy")
@@ -42,18 +46,30 @@ class SessionStore(Protocol):
     async def get(self, key: str) -> Record | None: ...
 
     async def compare_and_set(
-        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
+        self,
+        key: str,
+        expected_version: int,
+        data: bytes,
+        *,
+        fence: int | None = None,
+        listing: Listing | None = None,
     ) -> int | None:
         """Write `data` as version `expected_version + 1` if the stored version is
         `expected_version` (0: no record yet); the new version, or None on a conflict.
 
         With `fence`, also None when a newer lock token than `fence` was issued for the key,
         so a summarizer that lost its lock cannot overwrite. Every write (re)sets the TTL.
+        `listing`: the session's row in the index of recent sessions, best-effort (a write
+        that conflicts may still leave it).
         """
 
     async def delete(self, key: str) -> None:
-        """Forget the record. The lock and the newest token stay until they expire, so a
-        summarizer still running stays fenced."""
+        """Forget the record and its row. The lock and the newest token stay until they
+        expire, so a summarizer still running stays fenced."""
+
+    async def recent(self) -> list[Listing]:
+        """The rows of the index, newest first: at most `recent.MAX_LISTED`, none of a
+        session not written for the TTL."""
 
     async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
         """A fencing token (strictly increasing per key), or None while someone holds it."""
@@ -124,6 +140,7 @@ class MemoryStore:
         self._ttl = ttl_seconds
         self._records: _LRU[Record] = _LRU(max_sessions)
         self._locks: _LRU[_Lock] = _LRU(max_sessions)
+        self._recent = MemoryRecent(ttl_seconds, min(max_sessions, recent.MAX_LISTED))
         # One counter for all keys: a token stays above every older one of its key even after
         # the key's lock entry was evicted.
         self._tokens = itertools.count(1)
@@ -133,9 +150,17 @@ class MemoryStore:
         return self._records.get(key, time.monotonic())
 
     async def compare_and_set(
-        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
+        self,
+        key: str,
+        expected_version: int,
+        data: bytes,
+        *,
+        fence: int | None = None,
+        listing: Listing | None = None,
     ) -> int | None:
         _check_key(key)
+        if listing is not None:
+            self._recent.put(key, listing)
         now = time.monotonic()
         lock = self._locks.get(key, now)
         if fence is not None and lock is not None and lock.token > fence:
@@ -152,6 +177,10 @@ class MemoryStore:
     async def delete(self, key: str) -> None:
         _check_key(key)
         self._records.pop(key)
+        self._recent.drop(key)
+
+    async def recent(self) -> list[Listing]:
+        return self._recent.recent()
 
     async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
         _check_key(key)
@@ -178,56 +207,9 @@ class MemoryStore:
         return None
 
 
-# KEYS: state, fence. ARGV: expected version, data, TTL ms, fence token or "".
-_COMPARE_AND_SET = """
-if ARGV[4] ~= '' and tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[4]) then
-  return 0
-end
-local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
-if version ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'v', version + 1, 'd', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-end
-return version + 1
-"""
-
-# KEYS: lock, fence. ARGV: lock TTL ms, fence TTL ms.
-# A token is the master's clock in microseconds, or the newest token + 1 when that is not
-# above it: a failover that loses the newest writes to the fence cannot hand a token out again
-# (as long as the new master's clock is no further behind than the failover took).
-_ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
-end
-local time = redis.call('TIME')
-local now = time[1] .. string.format('%06d', tonumber(time[2]))
-local newest = redis.call('GET', KEYS[2])
-local token = now
-if newest and tonumber(newest) >= tonumber(now) then
-  token = redis.call('INCR', KEYS[2])
-else
-  redis.call('SET', KEYS[2], now)
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-return tonumber(token)
-"""
-
-# KEYS: lock. ARGV: token.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
 class RedisStore:
-    """Redis (redis-py asyncio): keys `{prefix}:{<key>}:state|lock|fence`, every one with a TTL.
+    """Redis (redis-py asyncio): keys `{prefix}:{<key>}:state|lock|fence`, every one with a TTL,
+    and the index of recent sessions (`recent`).
 
     Every error or timeout becomes StoreUnavailable, and opens a backoff during which calls
     fail at once: a dead Redis slows a request down at most once per backoff period. At most
@@ -262,16 +244,21 @@ class RedisStore:
         self._timeout = timeout_seconds
         self._backoff = backoff_seconds
         self._down_until = 0.0
-        self._compare_and_set = self._redis.register_script(_COMPARE_AND_SET)
-        self._acquire = self._redis.register_script(_ACQUIRE)
-        self._release = self._redis.register_script(_RELEASE)
+        self._compare_and_set = self._redis.register_script(scripts.COMPARE_AND_SET)
+        self._acquire = self._redis.register_script(scripts.ACQUIRE)
+        self._release = self._redis.register_script(scripts.RELEASE)
+        self._recent = RedisRecent(
+            self._redis, key_prefix, ttl_seconds, lambda call: self._run(call, backoff=False)
+        )
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         _check_key(key)
         tagged = f"{self._prefix}:{{{key}}}"
         return f"{tagged}:state", f"{tagged}:lock", f"{tagged}:fence"
 
-    async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _run(self, call: Callable[[], Awaitable[T]], *, backoff: bool = True) -> T:
+        """`call` within the timeout; a failure fails the next calls fast for a while, unless
+        `backoff` is off (the index's own: a shard's node down must not stop the sessions)."""
         now = time.monotonic()
         if now < self._down_until:
             raise StoreUnavailable("session store unavailable (failing fast after an error)")
@@ -280,6 +267,8 @@ class RedisStore:
                 await self._connected.ready()
                 return await call()
         except Exception as exc:  # a client's own bug must not fail the request either
+            if not backoff:
+                raise StoreUnavailable(f"index unavailable ({type(exc).__name__})") from exc
             if self._down_until <= now:
                 log.warning(
                     "session store unavailable, failing fast for %.1f s",
@@ -297,7 +286,13 @@ class RedisStore:
         return Record(int(version), data.encode() if isinstance(data, str) else data)
 
     async def compare_and_set(
-        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
+        self,
+        key: str,
+        expected_version: int,
+        data: bytes,
+        *,
+        fence: int | None = None,
+        listing: Listing | None = None,
     ) -> int | None:
         state, _, fence_key = self._keys(key)
         args: list[EncodableT] = [
@@ -306,12 +301,18 @@ class RedisStore:
             self._ttl_ms,
             "" if fence is None else fence,
         ]
-        version = await self._run(lambda: self._compare_and_set([state, fence_key], args))
+        write = self._run(lambda: self._compare_and_set([state, fence_key], args))
+        if listing is None:
+            return int(await write) or None
+        version, _ = await asyncio.gather(write, self._recent.put(key, listing))
         return int(version) or None
 
     async def delete(self, key: str) -> None:
         state, _, _ = self._keys(key)
-        await self._run(lambda: self._redis.delete(state))
+        await asyncio.gather(self._run(lambda: self._redis.delete(state)), self._recent.drop(key))
+
+    async def recent(self) -> list[Listing]:
+        return await self._recent.recent()
 
     async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
         _, lock, fence_key = self._keys(key)
