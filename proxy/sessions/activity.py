@@ -1,0 +1,201 @@
+"""What the dashboard shows of a session's turns: who talks in it (tenant, API, model,
+policy), how many turns, compactions and tokens saved in all, and the figures of its last
+turns (tokens sent and forwarded, the levels, the action and a compaction's layers).
+
+Most turns write nothing to the store (a plan replays without a write): a write of their own
+would add a store round trip to every request. Like the prompt-cache figures
+(`cache_usage`), a turn's figures are kept in this process (`ActivityLedger`) and go with the
+session's next write; `Sessions` also writes them by themselves, at most once every
+`admin.dashboard.write_seconds` a session, so that other replicas show them too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+from proxy.memo import DEFAULT_MAX_SESSIONS, make_room
+
+COMPACTIONS = ("compacted", "degraded")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnFigures:
+    """One turn, in the token counter's tokens."""
+
+    at: float  # seconds since the epoch
+    sent: int  # the client's request
+    forwarded: int  # what the proxy made of it (under shadow mode: would have made)
+    compact: int  # the compaction level then
+    target: int  # the level a compaction aims at
+    action: str  # as x-compaction-action says it (`shadow-…` under shadow mode)
+    layers: tuple[str, ...] = ()  # a compaction's layers, in their order
+
+    @property
+    def compaction(self) -> bool:
+        return self.action in COMPACTIONS
+
+    @property
+    def saved(self) -> int:
+        """Tokens the client did not have to send upstream (none under shadow mode)."""
+        return 0 if self.action.startswith("shadow-") else max(0, self.sent - self.forwarded)
+
+    def to_list(self) -> list[Any]:
+        figures = (self.sent, self.forwarded, self.compact, self.target)
+        return [round(self.at, 3), *figures, self.action, list(self.layers)]
+
+    @classmethod
+    def from_list(cls, raw: Any) -> TurnFigures:
+        """TypeError unless it is one of `to_list`."""
+        if not isinstance(raw, list) or len(raw) != 7:
+            raise TypeError("a turn is a list of its 7 figures")
+        at, sent, forwarded, compact, target, action, layers = raw
+        if type(at) not in (int, float) or not math.isfinite(at):
+            raise TypeError("a time is a finite number")
+        if any(type(n) is not int or n < 0 for n in (sent, forwarded, compact, target)):
+            raise TypeError("token figures are counts")
+        if not isinstance(action, str) or not isinstance(layers, list):
+            raise TypeError("an action is a name, layers a list")
+        if not all(isinstance(n, str) for n in layers):
+            raise TypeError("layers are named")
+        return cls(float(at), sent, forwarded, compact, target, action, tuple(layers))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Who:
+    """Whose session, and how it talks to the proxy (its last turn's)."""
+
+    tenant: str
+    api: str
+    model: str
+    policy: str
+    store: str = "ok"  # the store as the last turn found it: ok | unavailable
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Activity:
+    """A session's turns: the counts of all, the figures of the last ones (oldest first)."""
+
+    who: Who
+    turns: int
+    compactions: int
+    saved: int
+    recent: tuple[TurnFigures, ...]
+
+    @classmethod
+    def of(cls, who: Who, turn: TurnFigures) -> Activity:
+        return cls(who, 1, int(turn.compaction), turn.saved, (turn,))
+
+    @property
+    def last(self) -> TurnFigures | None:
+        return self.recent[-1] if self.recent else None
+
+    def then(self, who: Who, turn: TurnFigures, max_turns: int) -> Activity:
+        """This and a later turn."""
+        kept = self.recent[max(0, len(self.recent) - max_turns + 1) :]
+        compactions = self.compactions + turn.compaction
+        return Activity(who, self.turns + 1, compactions, self.saved + turn.saved, (*kept, turn))
+
+    def plus(self, later: Activity | None, max_turns: int) -> Activity:
+        """Both added up (`later`: turns this process has not written yet), the last
+        `max_turns` turns kept, in the order they came (replicas write theirs in turn)."""
+        if later is None:
+            return self
+        recent = sorted((*self.recent, *later.recent), key=lambda t: t.at)[-max_turns:]
+        return Activity(
+            later.who,
+            self.turns + later.turns,
+            self.compactions + later.compactions,
+            self.saved + later.saved,
+            tuple(recent),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self.who),
+            "turns": self.turns,
+            "compactions": self.compactions,
+            "saved": self.saved,
+            "recent": [t.to_list() for t in self.recent],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Activity:
+        """TypeError or KeyError unless it is one of `to_dict`."""
+        names = [f.name for f in dataclasses.fields(Who)]
+        who = Who(*(raw[name] for name in names))
+        counts = (raw["turns"], raw["compactions"], raw["saved"])
+        if not all(isinstance(v, str) for v in dataclasses.astuple(who)):
+            raise TypeError("who is named by strings")
+        if any(type(n) is not int or n < 0 for n in counts):
+            raise TypeError("activity figures are counts")
+        recent = tuple(TurnFigures.from_list(t) for t in raw["recent"])
+        return cls(who, *counts, recent)
+
+
+@dataclasses.dataclass
+class _Entry:
+    unwritten: Activity | None
+    written_at: float  # time.monotonic() of this process's last write of the session
+
+
+class ActivityLedger:
+    """Each session's turns that this process has seen and not yet written, and when it last
+    wrote the session (at most `max_sessions`: oldest out; at most `max_turns` turns each)."""
+
+    def __init__(
+        self, max_turns: int, write_seconds: float, max_sessions: int = DEFAULT_MAX_SESSIONS
+    ) -> None:
+        self.max_turns = max_turns
+        self.write_seconds = write_seconds
+        self.max_sessions = max_sessions
+        self._entries: dict[str, _Entry] = {}
+
+    def observe(self, key: str, who: Who, turn: TurnFigures) -> float:
+        """Keep one turn; the seconds until the session's turns are due to be written."""
+        entry = self._entries.get(key)
+        if entry is None:
+            make_room(self._entries, key, self.max_sessions)
+            entry = self._entries[key] = _Entry(None, -math.inf)
+        unwritten = entry.unwritten
+        entry.unwritten = (
+            Activity.of(who, turn)
+            if unwritten is None
+            else unwritten.then(who, turn, self.max_turns)
+        )
+        return max(0.0, entry.written_at + self.write_seconds - time.monotonic())
+
+    def unwritten(self, key: str) -> Activity | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.unwritten
+
+    def sessions(self) -> list[str]:
+        """The sessions with turns not written yet."""
+        return [key for key, entry in self._entries.items() if entry.unwritten is not None]
+
+    def written(self, key: str, activity: Activity | None) -> None:
+        """The session was written, with `activity` as `unwritten` gave it: only the turns
+        that came since stay."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.written_at = time.monotonic()
+        now = entry.unwritten
+        if activity is None or now is None:
+            return
+        since = now.turns - activity.turns
+        if since <= 0:
+            entry.unwritten = None
+            return
+        entry.unwritten = Activity(
+            now.who,
+            since,
+            now.compactions - activity.compactions,
+            now.saved - activity.saved,
+            now.recent[-since:],
+        )
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
