@@ -21,6 +21,7 @@ from proxy.sessions.state import SessionState
 from tests.fake_upstream import ApiError, check_window
 from tests.harness import (
     MODEL,
+    NO_DASHBOARD,
     SESSION_HEADER,
     WINDOW,
     Harness,
@@ -38,7 +39,8 @@ from tests.redis_servers import free_port, redis_server
 
 
 def test_a_request_under_the_levels_writes_nothing() -> None:
-    with harness() as h:
+    # The dashboard's turns are written by themselves (tests/test_dashboard.py): off here.
+    with harness(admin=NO_DASHBOARD) as h:
         chat = h.conversation()
         for _ in range(3):
             assert chat.say()["x-compaction-action"] == "none"
@@ -47,7 +49,7 @@ def test_a_request_under_the_levels_writes_nothing() -> None:
 
 
 def test_between_compactions_the_forwarded_prefix_is_byte_stable() -> None:
-    with harness() as h:
+    with harness(admin=NO_DASHBOARD) as h:
         budget = h.budget()
         chat = h.conversation()
         headers = chat.until("compacted")

@@ -34,6 +34,7 @@ from proxy.models.tokens import configure_offline_encodings
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import CONTENT_TYPE_LATEST, UNROUTED, Metrics
 from proxy.server.admin import Admin
+from proxy.server.dashboard import Dashboard, turn_ledger
 from proxy.server.gate import Gate
 from proxy.server.handler import Handler
 from proxy.server.incoming import IncomingRequest, query_string, read_body
@@ -72,7 +73,8 @@ class Proxy:
         max_sessions = config.store.max_sessions  # also bounds each per-session ledger
         # Prompt-cache figures not yet written, for both Sessions.
         self.cache = CacheLedger(max_sessions)
-        self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open, cache=self.cache)
+        fail_open, turns = config.store.fail_open, turn_ledger(config)
+        self.sessions = Sessions(store, metrics, fail_open=fail_open, cache=self.cache, turns=turns)
         summarizers = Summarizers(config, client, self.limits, metrics)
         self.prepared = PreparedSummaries(
             self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
@@ -375,9 +377,8 @@ def create_app(
         Route("/metrics", proxy.metrics_endpoint, methods=["GET"]),
         WebSocketRoute("/{path:path}", refuse_websocket),
     ]
-    if config.admin.token:
-        admin_sessions = Sessions(store, metrics, fail_open=False, cache=proxy.cache)
-        routes += Admin(config.admin.token, admin_sessions).routes()
+    admin = Admin(proxy.sessions.failing_closed())
+    routes += admin.routes(config.admin.token) + Dashboard(config, admin).routes()
     routes.append(route("/{path:path}", proxy.not_found, ANY))
     app = ProxyApp(routes, lifespan, proxy.gate, posts)
     app.state.proxy = proxy

@@ -27,6 +27,7 @@ from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
 from proxy.server.relay import Relay
 from proxy.server.tenants import Tenants
+from proxy.sessions.activity import TurnFigures, Who
 from proxy.sessions.sessions import session_id
 from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, relayable
 
@@ -35,6 +36,7 @@ log = logging.getLogger("compaction_proxy")
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 _SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
+MAX_MODEL_NAME = 128  # characters of a model's name the dashboard keeps (the client names it)
 
 
 class Handler:
@@ -237,7 +239,7 @@ class Handler:
         response.release()
         if response.status == 200:
             self._calibrate(request, labels, forward, self.dialect.usage(payload))
-        self._count(labels, forward, response.status)
+        self._count(request, labels, forward, response.status)
         return _response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
@@ -291,7 +293,7 @@ class Handler:
                 usage = self.dialect.stream_start_usage(head) or self.dialect.stream_usage(tail)
                 self._calibrate(request, labels, forward, usage)
 
-        self._count(labels, forward, response.status)
+        self._count(request, labels, forward, response.status)
         return Relay(response.status, headers, chunks, on_end)
 
     def _calibrate(
@@ -311,7 +313,12 @@ class Handler:
         if usage.cache_creation_tokens is not None:
             self.metrics.cache_creation_tokens.labels(*labels).inc(usage.cache_creation_tokens)
 
-    def _count(self, labels: RequestLabels, forward: Forward, status: int) -> None:
+    def _count(
+        self, request: ClientRequest, labels: RequestLabels, forward: Forward, status: int
+    ) -> None:
+        sessions = self.compactor.sessions
+        if sessions.turns is not None:  # the dashboard is on
+            sessions.observe_turn(request.key, *_turn(request, forward))
         self.metrics.answered(labels.dialect, status, labels)
         self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
         if forward.shadow:
@@ -332,6 +339,16 @@ class Handler:
                 "decisions": [dataclasses.asdict(d) for d in forward.decisions],
             },
         )
+
+
+def _turn(request: ClientRequest, forward: Forward) -> tuple[Who, TurnFigures]:
+    """What the dashboard keeps of a turn (`Sessions.observe_turn`)."""
+    model = request.parsed.model[:MAX_MODEL_NAME]
+    who = Who(request.tenant, request.dialect.name, model, request.policy.name, forward.store)
+    action = shown_action(forward.action, shadow=forward.shadow)
+    layers = tuple(decision.layer for decision in forward.decisions)
+    sent, forwarded = forward.tokens_before, forward.tokens_after
+    return who, TurnFigures(time.time(), sent, forwarded, *forward.levels, action, layers)
 
 
 def _response(payload: bytes, status: int, headers: list[tuple[str, str]]) -> Response:
