@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
 import orjson
 import pytest
@@ -146,7 +147,7 @@ async def test_turns_are_written_with_the_sessions_writes_and_by_themselves() ->
         sessions.observe_turn(KEY, WHO, turn(time.time()))
     await settle()
     assert (await sessions.load(KEY)).version == 1  # not before write_seconds
-    shown = sessions.with_unwritten(KEY, (await sessions.load(KEY)).state)
+    shown = sessions.with_unwritten(KEY, await sessions.load(KEY))
     assert shown.activity is not None and shown.activity.turns == 4  # shown all the same
     await settle(0.35)
     loaded = await sessions.load(KEY)
@@ -160,6 +161,38 @@ async def test_turns_are_written_with_the_sessions_writes_and_by_themselves() ->
     assert [row.turns for row in await sessions.recent()] == [5]
     await settle(0.35)
     assert (await sessions.load(KEY)).version == 3  # nothing left to write by itself
+    await sessions.close()
+
+
+class HeldStore(MemoryStore):
+    """Writes, then holds the answer until let go: a write under way, as readers see it."""
+
+    def __init__(self) -> None:
+        super().__init__(ttl_seconds=60)
+        self.held = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def compare_and_set(self, *args: Any, **kwargs: Any) -> int | None:
+        written = await super().compare_and_set(*args, **kwargs)
+        self.held.set()
+        await self.go.wait()
+        return written
+
+
+async def test_a_write_under_way_is_not_counted_twice() -> None:
+    store = HeldStore()
+    sessions = Sessions(store, Metrics(), turns=ActivityLedger(200, write_seconds=60))
+    for _ in range(3):
+        sessions.observe_turn(KEY, WHO, turn(time.time()))
+    await asyncio.wait_for(store.held.wait(), 1)
+    sessions.observe_turn(KEY, WHO, turn(time.time()))  # comes meanwhile
+    shown = sessions.with_unwritten(KEY, await sessions.load(KEY))
+    assert shown.activity is not None and shown.activity.turns == 4
+    assert [row.turns for row in await sessions.recent()] == [4]
+    store.go.set()
+    await settle()
+    shown = sessions.with_unwritten(KEY, await sessions.load(KEY))
+    assert shown.activity is not None and shown.activity.turns == 4
     await sessions.close()
 
 

@@ -64,7 +64,7 @@ class Admin:
         process saw them, are written with the session's next write: shown here already."""
         key = path_key(request)
         loaded = await self.sessions.load(key)
-        state = self.sessions.with_unwritten(key, loaded.state)
+        state = self.sessions.with_unwritten(key, loaded)
         if loaded.version == 0 and state == SessionState():
             raise NotFound("no such session")
         return key, loaded.version, state

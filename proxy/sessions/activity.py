@@ -98,6 +98,19 @@ class Activity:
         compactions = self.compactions + turn.compaction
         return Activity(who, self.turns + 1, compactions, self.saved + turn.saved, (*kept, turn))
 
+    def after(self, earlier: Activity) -> Activity | None:
+        """What came after `earlier`, which this began with; None when nothing did."""
+        since = self.turns - earlier.turns
+        if since <= 0:
+            return None
+        return Activity(
+            self.who,
+            since,
+            self.compactions - earlier.compactions,
+            self.saved - earlier.saved,
+            self.recent[-since:],
+        )
+
     def plus(self, later: Activity | None, max_turns: int) -> Activity:
         """Both added up (`later`: turns this process has not written yet), the last
         `max_turns` turns kept, in the order they came (replicas write theirs in turn)."""
@@ -139,6 +152,8 @@ class Activity:
 class _Entry:
     unwritten: Activity | None
     written_at: float  # time.monotonic() of this process's last write of the session
+    # A write under way: the version it writes, and the turns it carries.
+    writing: tuple[int, Activity] | None = None
 
 
 class ActivityLedger:
@@ -167,9 +182,27 @@ class ActivityLedger:
         )
         return max(0.0, entry.written_at + self.write_seconds - time.monotonic())
 
-    def unwritten(self, key: str) -> Activity | None:
+    def unwritten(self, key: str, version: int | None = None) -> Activity | None:
+        """The turns not written yet, but for those a write under way took to `version` (of
+        a record read meanwhile): they are in it."""
         entry = self._entries.get(key)
-        return None if entry is None else entry.unwritten
+        if entry is None or entry.unwritten is None:
+            return None
+        if entry.writing is not None and version is not None and version >= entry.writing[0]:
+            return entry.unwritten.after(entry.writing[1])
+        return entry.unwritten
+
+    def writing(self, key: str, version: int, activity: Activity | None) -> None:
+        """A write of the session as `version`, with `activity` as `unwritten` gave it, is
+        under way (until `not_writing`)."""
+        entry = self._entries.get(key)
+        if entry is not None and activity is not None:
+            entry.writing = (version, activity)
+
+    def not_writing(self, key: str) -> None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.writing = None
 
     def sessions(self) -> list[str]:
         """The sessions with turns not written yet."""
@@ -182,20 +215,8 @@ class ActivityLedger:
         if entry is None:
             return
         entry.written_at = time.monotonic()
-        now = entry.unwritten
-        if activity is None or now is None:
-            return
-        since = now.turns - activity.turns
-        if since <= 0:
-            entry.unwritten = None
-            return
-        entry.unwritten = Activity(
-            now.who,
-            since,
-            now.compactions - activity.compactions,
-            now.saved - activity.saved,
-            now.recent[-since:],
-        )
+        if activity is not None and entry.unwritten is not None:
+            entry.unwritten = entry.unwritten.after(activity)
 
     def forget(self, key: str) -> None:
         self._entries.pop(key, None)

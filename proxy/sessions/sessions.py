@@ -207,6 +207,8 @@ class Sessions:
             version = loaded.version + 1
             listed = Listed.of(key, version, state) if self.turns is not None else None
             listing = Listing(listed.to_bytes(), listed.at) if listed else None
+            if self.turns is not None:
+                self.turns.writing(key, version, turns)
             try:
                 written = await self.store.compare_and_set(
                     key, loaded.version, state.to_bytes(), fence=fence, listing=listing
@@ -214,6 +216,9 @@ class Sessions:
             except StoreUnavailable:
                 self._failed("compare_and_set")
                 return False
+            finally:
+                if self.turns is not None:
+                    self.turns.not_writing(key)
             if written is not None:
                 if cache is not None:
                     self.cache.written(key, cache)
@@ -224,10 +229,11 @@ class Sessions:
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
         return False
 
-    def with_unwritten(self, key: str, state: SessionState) -> SessionState:
-        """`state` with the prompt-cache figures and turns this process has not written yet."""
-        turns = self.turns.unwritten(key) if self.turns else None
-        return self._with(state, self.cache.unwritten(key), turns)
+    def with_unwritten(self, key: str, loaded: Loaded) -> SessionState:
+        """The state as read with the prompt-cache figures and turns this process has not
+        written yet."""
+        turns = self.turns.unwritten(key, loaded.version) if self.turns else None
+        return self._with(loaded.state, self.cache.unwritten(key), turns)
 
     def _with(
         self, state: SessionState, cache: CacheUsage | None, turns: Activity | None
@@ -254,7 +260,10 @@ class Sessions:
             rows.setdefault(key, Listed(key, 0))
         turns = self.turns
         found = [
-            row.plus(turns.unwritten(row.key) if turns else None, self.cache.unwritten(row.key))
+            row.plus(
+                turns.unwritten(row.key, row.version) if turns else None,
+                self.cache.unwritten(row.key),
+            )
             for row in rows.values()
         ]
         return sorted(found, key=lambda row: row.at, reverse=True)
