@@ -80,9 +80,31 @@ def test_a_state_keeps_its_activity_and_a_corrupt_one_is_refused() -> None:
     state = SessionState(activity=activity(turn(1), turn(2, 500, 300, "compacted")))
     assert SessionState.from_bytes(state.to_bytes()) == state
     raw = orjson.loads(state.to_bytes())
-    for corrupt in ({**raw["activity"], "turns": -1}, {**raw["activity"], "recent": "x"}, [1]):
+    for corrupt in ({**raw["activity"], "turns": -1}, {**raw["activity"], "recent": []}, [1]):
         with pytest.raises(ValueError, match="not a session state"):
             SessionState.from_bytes(orjson.dumps({**raw, "activity": corrupt}))
+
+
+async def test_the_turns_are_read_only_when_asked_for_and_corrupt_ones_as_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request's read of its session leaves the turns as they are stored, a text: one that
+    is not turns fails neither that read nor the session's next write."""
+    stored = SessionState(activity=activity(turn(1), turn(2)))
+    raw = orjson.loads(stored.to_bytes())
+    raw["activity"]["recent"] = "[[1, 2, 3"
+    state = SessionState.from_bytes(orjson.dumps(raw))
+    assert state.activity is not None and state.activity.turns == 2
+    store = MemoryStore(ttl_seconds=60)
+    assert await store.compare_and_set(KEY, 0, orjson.dumps(raw)) == 1
+    sessions = Sessions(store, Metrics(), turns=ActivityLedger(200, write_seconds=60))
+    sessions.observe_turn(KEY, WHO, turn(3))
+    await settle()
+    written = (await sessions.load(KEY)).state.activity
+    assert written is not None and written.turns == 3
+    assert [t.at for t in written.recent] == [3]  # the corrupt ones left out
+    assert "corrupt turns of a session left out" in caplog.text
+    await sessions.close()
 
 
 def test_the_ledger_keeps_what_is_not_written_and_says_when_it_is_due() -> None:

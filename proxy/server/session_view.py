@@ -29,10 +29,12 @@ def session_view(key: str, version: int, state: SessionState) -> dict[str, Any]:
     plan = branch.plan if branch else policies.Plan()
     header = header_message(plan.summary, plan.anchor_block)
     prepared = state.prepared
+    activity = state.activity
+    turns = [t.to_list() for t in activity.recent] if activity else []
     return {
         "key": key,
         "version": version,
-        "activity": state.activity.to_dict() if state.activity else None,
+        "activity": None if activity is None else {**activity.to_dict(), "recent": turns},
         "prompt_cache": state.prompt_cache.to_dict() if state.prompt_cache else None,
         "branches": len(state.branches),
         "plan": plan_words(plan, state.decisions),

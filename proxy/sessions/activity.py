@@ -7,16 +7,26 @@ would add a store round trip to every request. Like the prompt-cache figures
 (`cache_usage`), a turn's figures are kept in this process (`ActivityLedger`) and go with the
 session's next write; `Sessions` also writes them by themselves, at most once every
 `admin.dashboard.write_seconds` a session, so that other replicas show them too.
+
+Every request reads its session's record: the last turns are stored as one string of JSON
+(`Turns`), read as such, and made into figures only when something asks for them (the
+dashboard, a write), so that they cost a request's read next to nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import orjson
 
 from proxy.memo import DEFAULT_MAX_SESSIONS, make_room
+
+log = logging.getLogger("compaction_proxy")
 
 COMPACTIONS = ("compacted", "degraded")
 
@@ -63,6 +73,54 @@ class TurnFigures:
         return cls(float(at), sent, forwarded, compact, target, action, tuple(layers))
 
 
+class Turns(Sequence[TurnFigures]):
+    """A session's last turns as stored (`text`, a JSON list of `TurnFigures.to_list`), made
+    into figures when first read; a text that is not such a list reads as no turns (it must
+    fail neither a request nor the session's next write)."""
+
+    __slots__ = ("_figures", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._figures: tuple[TurnFigures, ...] | None = None
+
+    def _read(self) -> tuple[TurnFigures, ...]:
+        if self._figures is None:
+            try:
+                self._figures = tuple(TurnFigures.from_list(t) for t in orjson.loads(self.text))
+            except (orjson.JSONDecodeError, TypeError):
+                log.warning("corrupt turns of a session left out")
+                self._figures = ()
+        return self._figures
+
+    @overload
+    def __getitem__(self, index: int) -> TurnFigures: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[TurnFigures, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> TurnFigures | tuple[TurnFigures, ...]:
+        return self._read()[index]
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __iter__(self) -> Iterator[TurnFigures]:
+        return iter(self._read())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and self._read() == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def turns_text(turns: Sequence[TurnFigures]) -> str:
+    """The text `Turns` reads: as it was read, when it was."""
+    if isinstance(turns, Turns):
+        return turns.text
+    return orjson.dumps([t.to_list() for t in turns]).decode()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Who:
     """Whose session, and how it talks to the proxy (its last turn's)."""
@@ -74,6 +132,9 @@ class Who:
     store: str = "ok"  # the store as the last turn found it: ok | unavailable
 
 
+_WHO = tuple(field.name for field in dataclasses.fields(Who))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Activity:
     """A session's turns: the counts of all, the figures of the last ones (oldest first)."""
@@ -82,7 +143,7 @@ class Activity:
     turns: int
     compactions: int
     saved: int
-    recent: tuple[TurnFigures, ...]
+    recent: Sequence[TurnFigures]  # a tuple, or `Turns` as read from the store
 
     @classmethod
     def of(cls, who: Who, turn: TurnFigures) -> Activity:
@@ -131,21 +192,21 @@ class Activity:
             "turns": self.turns,
             "compactions": self.compactions,
             "saved": self.saved,
-            "recent": [t.to_list() for t in self.recent],
+            "recent": turns_text(self.recent),
         }
 
     @classmethod
     def from_dict(cls, raw: Any) -> Activity:
         """TypeError or KeyError unless it is one of `to_dict`."""
-        names = [f.name for f in dataclasses.fields(Who)]
-        who = Who(*(raw[name] for name in names))
-        counts = (raw["turns"], raw["compactions"], raw["saved"])
-        if not all(isinstance(v, str) for v in dataclasses.astuple(who)):
+        names = [raw[name] for name in _WHO]
+        if not all(isinstance(v, str) for v in names):
             raise TypeError("who is named by strings")
+        counts = (raw["turns"], raw["compactions"], raw["saved"])
         if any(type(n) is not int or n < 0 for n in counts):
             raise TypeError("activity figures are counts")
-        recent = tuple(TurnFigures.from_list(t) for t in raw["recent"])
-        return cls(who, *counts, recent)
+        if not isinstance(raw["recent"], str):
+            raise TypeError("the turns are stored as a text")
+        return cls(Who(*names), *counts, Turns(raw["recent"]))
 
 
 @dataclasses.dataclass
