@@ -1,7 +1,7 @@
 """What the upstream's prompt cache read and wrote, per session, in the admin view: Anthropic's
 `cache_read_input_tokens` and `cache_creation_input_tokens` (streamed and not), OpenAI's
 `cached_tokens`; kept in the proxy and written with the session's next write, never with a
-write of their own (the dashboard's turns, which are, are off here: tests/test_dashboard.py)."""
+write of their own."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from proxy.sessions.store import MemoryStore
 from proxy.upstream.client import UpstreamClient
 from tests.conversations import words
 from tests.fake_anthropic import FakeAnthropic
-from tests.harness import ADMIN_TOKEN, MODEL, NO_DASHBOARD, SESSION_HEADER, harness
+from tests.harness import ADMIN_TOKEN, MODEL, SESSION_HEADER, harness
 from tests.servers import proxy_server
 from tests.test_exact_count import KEY, SMALL, config
 
@@ -50,14 +50,14 @@ def test_anthropics_cache_reads_and_writes_are_shown_streamed_and_not(up: FakeAn
         "extra_headers": {SESSION_HEADER: "cached"},
     }
     with (
-        proxy_server(config(up, admin=NO_DASHBOARD)) as proxy,
+        proxy_server(config(up)) as proxy,
         anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0) as client,
     ):
         raw = client.messages.with_raw_response.create(**fields)
         usages = [raw.parse().usage]
         with client.messages.stream(**fields) as stream:
             usages.append(stream.get_final_message().usage)
-        session = shown(proxy.url, raw.headers["x-compaction-session"], ADMIN_TOKEN).json()
+        session = shown(proxy.url, raw.headers["x-compaction-session"]).json()
     assert usages[0].cache_creation_input_tokens and usages[1].cache_read_input_tokens
     prompts = [
         u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
@@ -85,7 +85,7 @@ def test_anthropics_cache_reads_and_writes_are_shown_streamed_and_not(up: FakeAn
 
 
 def test_figures_are_written_with_the_sessions_next_write() -> None:
-    with harness(replicas=2, admin=NO_DASHBOARD) as h:
+    with harness(replicas=2) as h:
         chat = h.conversation()
         chat.say()
         chat.say()

@@ -37,7 +37,6 @@ from proxy.sessions.store import RedisStore
 from tests.conversations import view_problems
 from tests.harness import (
     MODEL,
-    NO_DASHBOARD,
     SESSION_HEADER,
     Conversation,
     Harness,
@@ -113,12 +112,11 @@ def summary_of(h: Harness, key: str) -> str:
 
 @pytest.mark.parametrize("kind", ["cluster", "sentinel"])
 def test_a_failover_loses_the_newest_plan_and_rejects_the_stale_summary(kind: str) -> None:
-    # No summary prepared ahead of time, nor the dashboard's turns: the only writes are the
-    # compactions'.
+    # No summary prepared ahead of time: the only writes are the compactions'.
     policy = {"default": {"prepare_at": 0.9}}
     with (
         topology(kind) as servers,
-        harness(replicas=2, redis_url=servers.url, policies=policy, admin=NO_DASHBOARD) as h,
+        harness(replicas=2, redis_url=servers.url, policies=policy) as h,
     ):
         gate = Gate()
         h.up.summarizer = gate

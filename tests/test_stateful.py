@@ -49,7 +49,7 @@ def test_a_request_under_the_levels_writes_nothing() -> None:
 
 
 def test_between_compactions_the_forwarded_prefix_is_byte_stable() -> None:
-    with harness(admin=NO_DASHBOARD) as h:
+    with harness() as h:
         budget = h.budget()
         chat = h.conversation()
         headers = chat.until("compacted")

@@ -59,18 +59,17 @@ class Admin:
         return JSONResponse({"key": session_key(tenant, session)})
 
     async def session(self, request: Request) -> tuple[str, int, SessionState]:
-        """The key, version and state of the session the request's path names; NotFound when
-        there is none. What the upstream's prompt cache did and the turns served, as this
-        process saw them, are written with the session's next write: shown here already."""
+        """The key, version and state of the session the request's path names (version 0 and
+        an empty state when there is none). What the upstream's prompt cache did, as this
+        process read it, is written with the session's next write: shown here already."""
         key = path_key(request)
         loaded = await self.sessions.load(key)
-        state = self.sessions.with_unwritten(key, loaded)
-        if loaded.version == 0 and state == SessionState():
-            raise NotFound("no such session")
-        return key, loaded.version, state
+        return key, loaded.version, self.sessions.with_unwritten(key, loaded.state)
 
     async def inspect(self, request: Request) -> Response:
         key, version, state = await self.session(request)
+        if version == 0 and state.prompt_cache is None:
+            raise NotFound("no such session")
         body = {"key": key, "version": version, **state.to_dict()}
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         return Response(data, media_type="application/json")

@@ -34,7 +34,7 @@ from proxy.models.tokens import configure_offline_encodings
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import CONTENT_TYPE_LATEST, UNROUTED, Metrics
 from proxy.server.admin import Admin
-from proxy.server.dashboard import Dashboard, turn_ledger
+from proxy.server.dashboard import dashboard_routes, turn_ledger
 from proxy.server.gate import Gate
 from proxy.server.handler import Handler
 from proxy.server.incoming import IncomingRequest, query_string, read_body
@@ -378,7 +378,7 @@ def create_app(
         WebSocketRoute("/{path:path}", refuse_websocket),
     ]
     admin = Admin(proxy.sessions.failing_closed())
-    routes += admin.routes(config.admin.token) + Dashboard(config, admin).routes()
+    routes += admin.routes(config.admin.token) + dashboard_routes(config, admin)
     routes.append(route("/{path:path}", proxy.not_found, ANY))
     app = ProxyApp(routes, lifespan, proxy.gate, posts)
     app.state.proxy = proxy

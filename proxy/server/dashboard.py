@@ -32,10 +32,12 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.config import Config
 from proxy.config.checks import is_loopback
-from proxy.errors import Forbidden, Unauthorized
+from proxy.errors import Forbidden, NotFound, Unauthorized
 from proxy.server.admin import Admin, Handler, check_token, guarded
 from proxy.server.session_view import session_view
 from proxy.sessions.activity import ActivityLedger
+from proxy.sessions.state import SessionState
+from proxy.sessions.turn_log import TurnLog
 
 log = logging.getLogger("compaction_proxy")
 
@@ -64,23 +66,29 @@ def turn_ledger(config: Config) -> ActivityLedger | None:
     return ActivityLedger(settings.turns, settings.write_seconds, config.store.max_sessions)
 
 
+def dashboard_routes(config: Config, admin: Admin) -> list[BaseRoute]:
+    """The dashboard's page and data endpoints; none when it is off."""
+    if config.admin.dashboard.open_on_loopback and not open_locally(config):
+        log.warning(
+            "admin.dashboard.open_on_loopback is ignored: the proxy listens beyond loopback",
+            extra={"host": config.listen.host},
+        )
+    turns = admin.sessions.turns
+    if turns is None:  # off: no turn is kept (`turn_ledger`)
+        return []
+    return Dashboard(config, admin, turns).routes()
+
+
 class Dashboard:
     """The page and its data endpoints, the admin API's handlers for compact and reset."""
 
-    def __init__(self, config: Config, admin: Admin) -> None:
+    def __init__(self, config: Config, admin: Admin, turns: TurnLog) -> None:
         self.config = config
         self.admin = admin
-        self.sessions = admin.sessions
+        self.turns = turns
         self._open = open_locally(config)
-        if config.admin.dashboard.open_on_loopback and not self._open:
-            log.warning(
-                "admin.dashboard.open_on_loopback is ignored: the proxy listens beyond loopback",
-                extra={"host": config.listen.host},
-            )
 
     def routes(self) -> list[BaseRoute]:
-        if not dashboard_on(self.config):
-            return []
         guard = self._guard
         return [
             Route(PATH, guarded(self._check_host, self.page), methods=["GET"]),
@@ -104,7 +112,7 @@ class Dashboard:
     async def recent(self, request: Request) -> Response:
         """The recent sessions, newest first; `?tenant=` only that tenant's."""
         tenant = request.query_params.get("tenant") or None
-        rows = await self.sessions.recent()
+        rows = await self.turns.recent()
         return _json(
             {
                 "sessions": [r.to_dict() for r in rows if tenant in (None, r.tenant)],
@@ -114,7 +122,11 @@ class Dashboard:
         )
 
     async def session(self, request: Request) -> Response:
-        return _json(session_view(*await self.admin.session(request)))
+        key, version, state = await self.admin.session(request)
+        activity = await self.turns.activity(key)
+        if version == 0 and state == SessionState() and activity is None:
+            raise NotFound("no such session")
+        return _json(session_view(key, version, state, activity))
 
     def _guard(self, handler: Handler) -> Handler:
         return guarded(self._check, handler)

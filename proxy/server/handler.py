@@ -27,8 +27,9 @@ from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
 from proxy.server.relay import Relay
 from proxy.server.tenants import Tenants
-from proxy.sessions.activity import TurnFigures, Who
+from proxy.sessions.activity import Who
 from proxy.sessions.sessions import session_id
+from proxy.sessions.turns import TurnFigures
 from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, UpstreamResponse, relayable
 
 log = logging.getLogger("compaction_proxy")
@@ -316,9 +317,9 @@ class Handler:
     def _count(
         self, request: ClientRequest, labels: RequestLabels, forward: Forward, status: int
     ) -> None:
-        sessions = self.compactor.sessions
-        if sessions.turns is not None:  # the dashboard is on
-            sessions.observe_turn(request.key, *_turn(request, forward))
+        turns = self.compactor.sessions.turns
+        if turns is not None:  # the dashboard is on
+            turns.observe(request.key, *_turn(request, forward))
         self.metrics.answered(labels.dialect, status, labels)
         self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
         if forward.shadow:
@@ -346,7 +347,7 @@ def _turn(request: ClientRequest, forward: Forward) -> tuple[Who, TurnFigures]:
     model = request.parsed.model[:MAX_MODEL_NAME]
     who = Who(request.tenant, request.dialect.name, model, request.policy.name, forward.store)
     action = shown_action(forward.action, shadow=forward.shadow)
-    layers = tuple(decision.layer for decision in forward.decisions)
+    layers = tuple([decision.layer for decision in forward.decisions]) if forward.decisions else ()
     sent, forwarded = forward.tokens_before, forward.tokens_after
     return who, TurnFigures(time.time(), sent, forwarded, *forward.levels, action, layers)
 

@@ -7,11 +7,13 @@ anchors, its prepared summary): the proxy keeps no messages.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import policies
 from policies.plan import header_message
+from proxy.sessions.activity import Activity
 from proxy.sessions.state import Branch, SessionState
 
 # What each layer did to the messages it edited or dropped (a layer not named here, by name).
@@ -23,18 +25,21 @@ LAYER_WORDS = {
 }
 
 
-def session_view(key: str, version: int, state: SessionState) -> dict[str, Any]:
+def session_view(
+    key: str, version: int, state: SessionState, activity: Activity | None
+) -> dict[str, Any]:
     """The session's JSON for the dashboard's page."""
     branch = current(state.branches)
     plan = branch.plan if branch else policies.Plan()
     header = header_message(plan.summary, plan.anchor_block)
     prepared = state.prepared
-    activity = state.activity
     turns = [t.to_list() for t in activity.recent] if activity else []
     return {
         "key": key,
         "version": version,
-        "activity": None if activity is None else {**activity.to_dict(), "recent": turns},
+        "activity": None
+        if activity is None
+        else {**activity.who._asdict(), **dataclasses.asdict(activity.counts), "recent": turns},
         "prompt_cache": state.prompt_cache.to_dict() if state.prompt_cache else None,
         "branches": len(state.branches),
         "plan": plan_words(plan, state.decisions),

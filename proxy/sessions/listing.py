@@ -1,5 +1,5 @@
 """A session's row in the list of recent sessions: what the dashboard's list shows of it,
-made from its state at each of its writes and kept in the store's index (`recent`), no
+made at each write of its turns (`turn_log`) and kept in the store's index (`recent`), no
 message text in it.
 """
 
@@ -18,7 +18,7 @@ from proxy.sessions.state import SessionState
 @dataclasses.dataclass(frozen=True)
 class Listed:
     key: str
-    version: int  # of the record it was made with; 0: not written yet
+    version: int  # of the session's state when it was made; 0: none
     at: float = 0.0  # the last turn's time
     tenant: str = ""
     api: str = ""
@@ -37,27 +37,29 @@ class Listed:
     pending: bool = False  # a compaction asked for through the admin API
 
     @classmethod
-    def of(cls, key: str, version: int, state: SessionState) -> Listed | None:
-        """The row of a session's state; None before its first turn."""
-        if state.activity is None:
-            return None
-        row = cls(
-            key, version, prepared=state.prepared is not None, pending=state.pending is not None
-        )
-        return row.plus(state.activity, state.prompt_cache)
+    def of(cls, key: str, version: int, state: SessionState, activity: Activity) -> Listed:
+        """The row of a session's state and turns."""
+        prepared, pending = state.prepared is not None, state.pending is not None
+        row = cls(key, version, prepared=prepared, pending=pending)
+        return row.plus(activity, state.prompt_cache)
 
     def plus(self, activity: Activity | None, cache: CacheUsage | None) -> Listed:
         """The row with turns and prompt-cache figures that came after it."""
         row = self
         if activity is not None and activity.last is not None:
             last = activity.last
+            who = activity.who
             row = dataclasses.replace(
                 row,
-                **dataclasses.asdict(activity.who),
+                tenant=who.tenant,
+                api=who.api,
+                model=who.model,
+                policy=who.policy,
+                store=who.store,
                 at=last.at,
-                turns=row.turns + activity.turns,
-                compactions=row.compactions + activity.compactions,
-                saved=row.saved + activity.saved,
+                turns=row.turns + activity.counts.turns,
+                compactions=row.compactions + activity.counts.compactions,
+                saved=row.saved + activity.counts.saved,
                 sent=last.sent,
                 forwarded=last.forwarded,
                 action=last.action,
@@ -76,7 +78,7 @@ class Listed:
         return {**dataclasses.asdict(self), "cache_read_share": share}
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps(dataclasses.astuple(self))
+        return orjson.dumps([getattr(self, name) for name in _NAMES])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Listed:
@@ -91,5 +93,6 @@ class Listed:
         return row
 
 
+_NAMES = tuple(field.name for field in dataclasses.fields(Listed))
 # The JSON types of a row's fields (a time may have been written without its fraction).
 _TYPES = {"str": ("str",), "int": ("int",), "float": ("float", "int"), "bool": ("bool",)}

@@ -1,15 +1,15 @@
 """The stores' index of recent sessions, which the dashboard lists: a row a session, written
-with the session's own writes, bounded (`MAX_LISTED`, the newest kept) and expiring with the
-sessions (a row goes once its session has not been written for the store's TTL).
+with each write of its turns (`turn_log`), bounded (`MAX_LISTED`, the newest kept) and
+expiring with the sessions (a row goes once its session has not been written for the TTL).
 
 A Redis Cluster serves no `SCAN` across its nodes, and one script can only touch the keys of
 one slot, while each session has a slot of its own. So the index is `SHARDS` pairs of keys,
 each pair under its own hash tag (a Cluster spreads them over its nodes):
 `{prefix}:{recent-N}:order`, the sessions by time (a sorted set), and `{prefix}:{recent-N}:rows`,
-their rows (a hash). A session's row goes to the shard of its key, sent at once with the
-session's compare-and-set (no round trip more), best-effort: a row lost or briefly stale only
-shows in the list. Sharding keeps one key from taking every session's writes; a list reads
-the few shards at once.
+their rows (a hash). A session's row goes to the shard of its key, best-effort: a row lost or
+briefly stale only shows in the list, and a shard's failure never makes the store fail fast.
+Sharding keeps one key from taking every session's writes; a list reads the few shards at
+once, in one pipeline.
 """
 
 from __future__ import annotations

@@ -19,6 +19,38 @@ end
 return version + 1
 """
 
+# KEYS: state, fence. ARGV: who, turns, compactions, saved (to add), lines (to append),
+# lines kept, TTL ms. The state's fields `w`, `n`, `c`, `s`, `t` beside its `v` and `d`.
+ADD_TURNS = """
+redis.call('HSET', KEYS[1], 'w', ARGV[1])
+local n = redis.call('HINCRBY', KEYS[1], 'n', ARGV[2])
+local c = redis.call('HINCRBY', KEYS[1], 'c', ARGV[3])
+local s = redis.call('HINCRBY', KEYS[1], 's', ARGV[4])
+local lines = ARGV[5]
+local old = redis.call('HGET', KEYS[1], 't')
+if old and old ~= '' then
+  lines = old .. '\\n' .. lines
+end
+local ends, from = {}, 1
+while true do
+  local at = string.find(lines, '\\n', from, true)
+  if not at then break end
+  ends[#ends + 1] = at
+  from = at + 1
+end
+local over = #ends + 1 - tonumber(ARGV[6])
+if over > 0 then
+  lines = string.sub(lines, ends[over] + 1)
+end
+redis.call('HSET', KEYS[1], 't', lines)
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[7]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+end
+local record = redis.call('HMGET', KEYS[1], 'v', 'd')
+return {n, c, s, record[1], record[2]}
+"""
+
 # KEYS: lock, fence. ARGV: lock TTL ms, fence TTL ms.
 # A token is the master's clock in microseconds, or the newest token + 1 when that is not
 # above it: a failover that loses the newest writes to the fence cannot hand a token out again

@@ -8,9 +8,8 @@ client input never reaches the store and one tenant can never address another's 
 `Sessions` is the one place that reads and writes session state: reads that fail open,
 compare-and-set updates (re-read on conflict) with fencing, and the single-flight lock. Every
 write also carries the prompt-cache figures this process read since the session's last write
-(`cache_usage.CacheLedger`) and, with the dashboard on, the figures of the turns it served
-(`activity.ActivityLedger`), which it also writes by themselves a while after a turn, and
-the session's row in the list of recent sessions (`listing`).
+(`cache_usage.CacheLedger`). With the dashboard on, the figures of the turns it serves are
+kept and written beside the state by `turn_log.TurnLog`.
 """
 
 from __future__ import annotations
@@ -28,12 +27,11 @@ import orjson
 
 from proxy.errors import StoreUnavailable
 from proxy.observability.metrics import Metrics
-from proxy.sessions.activity import Activity, ActivityLedger, TurnFigures, Who
+from proxy.sessions.activity import ActivityLedger
 from proxy.sessions.cache_usage import CacheLedger, CacheUsage
-from proxy.sessions.listing import Listed
-from proxy.sessions.recent import Listing
 from proxy.sessions.state import SessionState
 from proxy.sessions.store import SessionStore
+from proxy.sessions.turn_log import TurnLog
 
 log = logging.getLogger("compaction_proxy")
 
@@ -43,8 +41,6 @@ LOCK_POLL_SECONDS = 0.05
 # longest store outage (a failover) worth outliving.
 RELEASE_RETRY_SECONDS = 1.0
 RELEASE_RETRIES = 60
-# At shutdown, the turns not written yet are written for this long at most.
-LAST_WRITES_SECONDS = 2.0
 
 
 def session_id(header: str | None, hint: str | None, messages: Sequence[Any]) -> str:
@@ -111,59 +107,24 @@ class Sessions:
         self.metrics = metrics
         self.fail_open = fail_open
         self.cache = cache or CacheLedger()
-        self.turns = turns  # None: no dashboard, no figures kept
+        # None: the dashboard is off, no turn is kept.
+        self.turns = None if turns is None else TurnLog(store, turns, self.cache, metrics)
         self._releasing: set[asyncio.Task[None]] = set()
-        # A session's turns due to be written: the timer, then the write.
-        self._writes: dict[str, asyncio.TimerHandle | asyncio.Task[None]] = {}
-        self._closing = False
 
     def failing_closed(self) -> Sessions:
         """The same sessions, for the admin API: a store failure is an error, not a default."""
-        return Sessions(
-            self.store, self.metrics, fail_open=False, cache=self.cache, turns=self.turns
-        )
+        sessions = Sessions(self.store, self.metrics, fail_open=False, cache=self.cache)
+        sessions.turns = self.turns
+        return sessions
 
     async def close(self) -> None:
-        """Write the turns not written yet (for a while), and stop trying to release locks
-        the store did not take (they expire by themselves)."""
-        self._closing = True
-        for key, write in list(self._writes.items()):
-            # A timer, of asyncio's or uvloop's: its write now.
-            if not isinstance(write, asyncio.Task) and self.turns is not None:
-                write.cancel()
-                self._write_turns(key, self.turns)
-        writes = [w for w in self._writes.values() if isinstance(w, asyncio.Task)]
-        if writes:
-            await asyncio.wait(writes, timeout=LAST_WRITES_SECONDS)
-        for task in [*self._releasing, *writes]:
+        """Write the turns not written yet, and stop trying to release locks the store did not
+        take (they expire by themselves)."""
+        if self.turns is not None:
+            await self.turns.close()
+        for task in list(self._releasing):
             task.cancel()
-        await asyncio.gather(*self._releasing, *writes, return_exceptions=True)
-
-    def observe_turn(self, key: str, who: Who, turn: TurnFigures) -> None:
-        """A turn served: its figures go with the session's next write, and at the latest
-        `write_seconds` after the session's last write from this process."""
-        if self.turns is None:
-            return
-        due = self.turns.observe(key, who, turn)
-        if key not in self._writes:
-            loop = asyncio.get_running_loop()
-            self._writes[key] = loop.call_later(due, self._write_turns, key, self.turns)
-
-    def _write_turns(self, key: str, turns: ActivityLedger) -> None:
-        self._writes[key] = asyncio.create_task(self._turns_written(key, turns))
-
-    async def _turns_written(self, key: str, turns: ActivityLedger) -> None:
-        try:
-            if turns.unwritten(key) is not None:  # else a write of the session took them
-                await self.update(key, _unchanged, always=True)
-        except StoreUnavailable:
-            pass  # failing closed: counted; tried again below
-        finally:
-            del self._writes[key]
-        if turns.unwritten(key) is not None and not self._closing:
-            # Turns came while writing, or the write failed: again in a while.
-            loop = asyncio.get_running_loop()
-            self._writes[key] = loop.call_later(turns.write_seconds, self._write_turns, key, turns)
+        await asyncio.gather(*self._releasing, return_exceptions=True)
 
     async def load(self, key: str) -> Loaded:
         """The session's state; an empty one when there is none, or when the store failed
@@ -187,86 +148,37 @@ class Sessions:
         *,
         fence: int | None = None,
         loaded: Loaded | None = None,
-        always: bool = False,
     ) -> bool:
         """Compare-and-set `change(state)`, re-reading on a conflict (a capped number of
         times): whether it was written. `loaded` is the state the caller already read; a
-        change that returns the state itself writes nothing, unless `always` and turns wait
-        to be written. The prompt-cache figures and turns not written yet go along."""
+        change that returns the state itself writes nothing. The prompt-cache figures not
+        written yet go along."""
         for _ in range(CAS_ATTEMPTS):
             if loaded is None:
                 loaded = await self.load(key)
             if not loaded.available:
                 return False
             changed = change(loaded.state)
-            cache = self.cache.unwritten(key)
-            turns = self.turns.unwritten(key) if self.turns else None
-            if changed is loaded.state and not (always and turns):
+            if changed is loaded.state:
                 return False
-            state = self._with(changed, cache, turns)
-            version = loaded.version + 1
-            listed = Listed.of(key, version, state) if self.turns is not None else None
-            listing = Listing(listed.to_bytes(), listed.at) if listed else None
-            if self.turns is not None:
-                self.turns.writing(key, version, turns)
+            unwritten = self.cache.unwritten(key)
+            data = _with_cache(changed, unwritten).to_bytes()
             try:
-                written = await self.store.compare_and_set(
-                    key, loaded.version, state.to_bytes(), fence=fence, listing=listing
-                )
+                written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
             except StoreUnavailable:
                 self._failed("compare_and_set")
                 return False
-            finally:
-                if self.turns is not None:
-                    self.turns.not_writing(key)
             if written is not None:
-                if cache is not None:
-                    self.cache.written(key, cache)
-                if self.turns is not None:
-                    self.turns.written(key, turns)
+                if unwritten is not None:
+                    self.cache.written(key, unwritten)
                 return True
             loaded = None
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
         return False
 
-    def with_unwritten(self, key: str, loaded: Loaded) -> SessionState:
-        """The state as read with the prompt-cache figures and turns this process has not
-        written yet."""
-        turns = self.turns.unwritten(key, loaded.version) if self.turns else None
-        return self._with(loaded.state, self.cache.unwritten(key), turns)
-
-    def _with(
-        self, state: SessionState, cache: CacheUsage | None, turns: Activity | None
-    ) -> SessionState:
-        if cache is not None:
-            state = dataclasses.replace(state, prompt_cache=cache.plus(state.prompt_cache))
-        if turns is not None and self.turns is not None:
-            stored = state.activity
-            activity = turns if stored is None else stored.plus(turns, self.turns.max_turns)
-            state = dataclasses.replace(state, activity=activity)
-        return state
-
-    async def recent(self) -> list[Listed]:
-        """The recent sessions, newest first, with the figures this process has not written
-        yet (sessions it has not written yet too)."""
-        rows: dict[str, Listed] = {}
-        for listing in await self.store.recent():
-            try:
-                row = Listed.from_bytes(listing.row)
-            except ValueError:
-                continue
-            rows.setdefault(row.key, row)
-        for key in self.turns.sessions() if self.turns else ():
-            rows.setdefault(key, Listed(key, 0))
-        turns = self.turns
-        found = [
-            row.plus(
-                turns.unwritten(row.key, row.version) if turns else None,
-                self.cache.unwritten(row.key),
-            )
-            for row in rows.values()
-        ]
-        return sorted(found, key=lambda row: row.at, reverse=True)
+    def with_unwritten(self, key: str, state: SessionState) -> SessionState:
+        """`state` with the prompt-cache figures this process has not written yet."""
+        return _with_cache(state, self.cache.unwritten(key))
 
     async def lock(self, key: str, ttl: float, *, wait: float = 0.0) -> Lock:
         """The session's lock for `ttl` seconds, waiting up to `wait` seconds while another
@@ -318,5 +230,7 @@ class Sessions:
         return Loaded(SessionState(), 0, "unavailable")
 
 
-def _unchanged(state: SessionState) -> SessionState:
-    return state
+def _with_cache(state: SessionState, unwritten: CacheUsage | None) -> SessionState:
+    if unwritten is None:
+        return state
+    return dataclasses.replace(state, prompt_cache=unwritten.plus(state.prompt_cache))

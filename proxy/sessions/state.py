@@ -2,9 +2,8 @@
 
 A session holds the plans of a few branches of its history (an edited or branched history
 gets a plan of its own), a summary prepared ahead of time, the recent decisions, memory
-candidates, the calibration of the token counter against the upstream's own counts, what
-the upstream's prompt cache read and wrote (`cache_usage`) and the figures of its turns
-(`activity`).
+candidates, the calibration of the token counter against the upstream's own counts and what
+the upstream's prompt cache read and wrote (`cache_usage`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Any, TypeVar
 import orjson
 
 import policies
-from proxy.sessions.activity import Activity
 from proxy.sessions.cache_usage import CacheUsage
 
 MAX_DECISIONS = 50
@@ -59,7 +57,6 @@ class SessionState:
     calibration: float | None = None
     pending: str | None = None  # a manual compaction asked for: its instructions ("" = none)
     prompt_cache: CacheUsage | None = None
-    activity: Activity | None = None
 
     def branch(self, chain: policies.Chain) -> Branch | None:
         """The branch that covers the longest prefix of this history."""
@@ -95,7 +92,6 @@ class SessionState:
             "calibration": self.calibration,
             "pending": self.pending,
             "prompt_cache": self.prompt_cache.to_dict() if self.prompt_cache else None,
-            "activity": self.activity.to_dict() if self.activity else None,
         }
 
     def to_bytes(self) -> bytes:
@@ -110,7 +106,6 @@ class SessionState:
             prepared = raw.get("prepared")
             calibration = raw.get("calibration")
             prompt_cache = raw.get("prompt_cache")
-            activity = raw.get("activity")
             state = cls(
                 branches=tuple(
                     Branch(policies.Plan.from_dict(b["plan"]), str(b["chain"]), float(b["used"]))
@@ -122,7 +117,6 @@ class SessionState:
                 calibration=None if calibration is None else _ratio(calibration),
                 pending=None if raw.get("pending") is None else _expect(raw["pending"], str),
                 prompt_cache=CacheUsage.from_dict(prompt_cache) if prompt_cache else None,
-                activity=Activity.from_dict(activity) if activity else None,
             )
             for memory in state.memory:
                 _expect(memory.get("text"), str)

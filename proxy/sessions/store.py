@@ -3,9 +3,10 @@
 `MemoryStore` serves one process, `RedisStore` replicas sharing a Redis (one server, a
 Cluster, or a master behind Sentinels); both pass one contract suite (tests/test_store.py).
 Keys are `proxy.sessions.session_key` hashes, so raw client input never reaches the store,
-and the Redis keys of one session share a Redis Cluster hash tag. A write may carry the
-session's row in the index of recent sessions (`recent`). Every failure to answer is
-`StoreUnavailable`.
+and the Redis keys of one session share a Redis Cluster hash tag. Beside its state, a
+session's record keeps the figures of its turns (`turns.StoredTurns`), which the dashboard
+reads and a request never does, and the session has a row in the index of recent sessions
+(`recent`). Every failure to answer is `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from redis.typing import EncodableT
 
@@ -28,6 +29,7 @@ from proxy.sessions import recent
 from proxy.sessions import redis_scripts as scripts
 from proxy.sessions.recent import Listing, MemoryRecent, RedisRecent
 from proxy.sessions.redis_clients import connect
+from proxy.sessions.turns import NO_TURNS, StoredTurns, TurnCounts
 
 log = logging.getLogger("compaction_proxy")
 
@@ -46,26 +48,32 @@ class SessionStore(Protocol):
     async def get(self, key: str) -> Record | None: ...
 
     async def compare_and_set(
-        self,
-        key: str,
-        expected_version: int,
-        data: bytes,
-        *,
-        fence: int | None = None,
-        listing: Listing | None = None,
+        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
     ) -> int | None:
         """Write `data` as version `expected_version + 1` if the stored version is
         `expected_version` (0: no record yet); the new version, or None on a conflict.
 
         With `fence`, also None when a newer lock token than `fence` was issued for the key,
         so a summarizer that lost its lock cannot overwrite. Every write (re)sets the TTL.
-        `listing`: the session's row in the index of recent sessions, best-effort (a write
-        that conflicts may still leave it).
         """
 
+    async def add_turns(
+        self, key: str, added: StoredTurns, keep: int
+    ) -> tuple[TurnCounts, Record | None]:
+        """Add turns to the session's: its counts to theirs, its lines after theirs (the last
+        `keep` kept), its `who` in place of theirs; the version stays, the TTL is (re)set.
+        The counts now, and the record as `get` gives it."""
+
+    async def turns(self, key: str) -> StoredTurns | None:
+        """The session's turns, None when none was added."""
+
     async def delete(self, key: str) -> None:
-        """Forget the record and its row. The lock and the newest token stay until they
-        expire, so a summarizer still running stays fenced."""
+        """Forget the record, its turns and its row. The lock and the newest token stay until
+        they expire, so a summarizer still running stays fenced."""
+
+    async def set_listing(self, key: str, listing: Listing) -> None:
+        """The session's row in the index of recent sessions, best-effort; the newer (by its
+        time) of two rows of a session stays."""
 
     async def recent(self) -> list[Listing]:
         """The rows of the index, newest first: at most `recent.MAX_LISTED`, none of a
@@ -140,6 +148,7 @@ class MemoryStore:
         self._ttl = ttl_seconds
         self._records: _LRU[Record] = _LRU(max_sessions)
         self._locks: _LRU[_Lock] = _LRU(max_sessions)
+        self._turns: _LRU[StoredTurns] = _LRU(max_sessions)
         self._recent = MemoryRecent(ttl_seconds, min(max_sessions, recent.MAX_LISTED))
         # One counter for all keys: a token stays above every older one of its key even after
         # the key's lock entry was evicted.
@@ -150,17 +159,9 @@ class MemoryStore:
         return self._records.get(key, time.monotonic())
 
     async def compare_and_set(
-        self,
-        key: str,
-        expected_version: int,
-        data: bytes,
-        *,
-        fence: int | None = None,
-        listing: Listing | None = None,
+        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
     ) -> int | None:
         _check_key(key)
-        if listing is not None:
-            self._recent.put(key, listing)
         now = time.monotonic()
         lock = self._locks.get(key, now)
         if fence is not None and lock is not None and lock.token > fence:
@@ -174,10 +175,31 @@ class MemoryStore:
             self._locks.put(key, lock, max(now + self._ttl, lock.held_until))
         return record.version
 
+    async def add_turns(
+        self, key: str, added: StoredTurns, keep: int
+    ) -> tuple[TurnCounts, Record | None]:
+        _check_key(key)
+        now = time.monotonic()
+        kept = (self._turns.get(key, now) or NO_TURNS).then(added, keep)
+        self._turns.put(key, kept, now + self._ttl)
+        record = self._records.get(key, now)
+        if record is not None:
+            self._records.put(key, record, now + self._ttl)
+        return kept.counts, record
+
+    async def turns(self, key: str) -> StoredTurns | None:
+        _check_key(key)
+        return self._turns.get(key, time.monotonic())
+
     async def delete(self, key: str) -> None:
         _check_key(key)
         self._records.pop(key)
+        self._turns.pop(key)
         self._recent.drop(key)
+
+    async def set_listing(self, key: str, listing: Listing) -> None:
+        _check_key(key)
+        self._recent.put(key, listing)
 
     async def recent(self) -> list[Listing]:
         return self._recent.recent()
@@ -247,6 +269,7 @@ class RedisStore:
         self._compare_and_set = self._redis.register_script(scripts.COMPARE_AND_SET)
         self._acquire = self._redis.register_script(scripts.ACQUIRE)
         self._release = self._redis.register_script(scripts.RELEASE)
+        self._add_turns = self._redis.register_script(scripts.ADD_TURNS)
         self._recent = RedisRecent(
             self._redis, key_prefix, ttl_seconds, lambda call: self._run(call, backoff=False)
         )
@@ -280,19 +303,11 @@ class RedisStore:
 
     async def get(self, key: str) -> Record | None:
         state, _, _ = self._keys(key)
-        version, data = await self._run(lambda: self._redis.hmget(state, ["v", "d"]))
-        if version is None or data is None:
-            return None
-        return Record(int(version), data.encode() if isinstance(data, str) else data)
+        found: list[Any] = await self._run(lambda: self._redis.hmget(state, ["v", "d"]))
+        return _record(*found)
 
     async def compare_and_set(
-        self,
-        key: str,
-        expected_version: int,
-        data: bytes,
-        *,
-        fence: int | None = None,
-        listing: Listing | None = None,
+        self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
     ) -> int | None:
         state, _, fence_key = self._keys(key)
         args: list[EncodableT] = [
@@ -301,15 +316,35 @@ class RedisStore:
             self._ttl_ms,
             "" if fence is None else fence,
         ]
-        write = self._run(lambda: self._compare_and_set([state, fence_key], args))
-        if listing is None:
-            return int(await write) or None
-        version, _ = await asyncio.gather(write, self._recent.put(key, listing))
+        version = await self._run(lambda: self._compare_and_set([state, fence_key], args))
         return int(version) or None
+
+    async def add_turns(
+        self, key: str, added: StoredTurns, keep: int
+    ) -> tuple[TurnCounts, Record | None]:
+        state, _, fence_key = self._keys(key)
+        counts = added.counts
+        args: list[EncodableT] = [added.who, counts.turns, counts.compactions, counts.saved]
+        args += [added.lines, keep, self._ttl_ms]
+        *found, version, data = await self._run(lambda: self._add_turns([state, fence_key], args))
+        return TurnCounts(*map(int, found)), _record(version, data)
+
+    async def turns(self, key: str) -> StoredTurns | None:
+        state, _, _ = self._keys(key)
+        fields = ["w", "n", "c", "s", "t"]
+        found: list[Any] = await self._run(lambda: self._redis.hmget(state, fields))
+        who, *counts, lines = found
+        if who is None:
+            return None
+        return StoredTurns(who, TurnCounts(*map(int, counts)), lines.decode())
 
     async def delete(self, key: str) -> None:
         state, _, _ = self._keys(key)
         await asyncio.gather(self._run(lambda: self._redis.delete(state)), self._recent.drop(key))
+
+    async def set_listing(self, key: str, listing: Listing) -> None:
+        _check_key(key)
+        await self._recent.put(key, listing)
 
     async def recent(self) -> list[Listing]:
         return await self._recent.recent()
@@ -334,6 +369,13 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._connected.close()
+
+
+def _record(version: Any, data: Any) -> Record | None:
+    """The record of the `v` and `d` fields as read (bytes, or None when absent)."""
+    if version is None or data is None:
+        return None
+    return Record(int(version), bytes(data))
 
 
 def _check_key(key: str) -> None:
