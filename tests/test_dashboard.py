@@ -146,12 +146,14 @@ def test_bad_keys_and_unknown_sessions() -> None:
 
 
 def test_compact_now_and_reset_as_the_admin_api_does() -> None:
-    with harness() as h:
+    with harness(admin={"dashboard": {"write_seconds": 60}}) as h:
         chat = h.conversation()
         chat.say()
         chat.say()
         assert h.admin("POST", f"{API}/{chat.key}/compact").status_code == 202
         assert data(h, f"/{chat.key}")["pending"] == ""  # asked for, without instructions
+        # Listed at once, not with the session's next write of its turns.
+        h.wait_for(lambda: data(h)["sessions"][0]["pending"] is True, timeout=2)
         assert chat.say()["x-compaction-action"] == "compacted"
         assert h.admin("DELETE", f"{API}/{chat.key}").status_code == 204
         assert h.admin("GET", f"{API}/{chat.key}").status_code == 404

@@ -162,15 +162,19 @@ class Sessions:
             if changed is loaded.state:
                 return False
             unwritten = self.cache.unwritten(key)
-            data = _with_cache(changed, unwritten).to_bytes()
+            state = _with_cache(changed, unwritten)
             try:
-                written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
+                written = await self.store.compare_and_set(
+                    key, loaded.version, state.to_bytes(), fence=fence
+                )
             except StoreUnavailable:
                 self._failed("compare_and_set")
                 return False
             if written is not None:
                 if unwritten is not None:
                     self.cache.written(key, unwritten)
+                if self.turns is not None:
+                    self.turns.relist(key, written, state)
                 return True
             loaded = None
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})

@@ -5,8 +5,8 @@ A turn is kept (`ActivityLedger.observe`, no store call); the session's turns ar
 (`SessionStore.add_turns`, in the background) at once when this process has not written them
 before, else `write_seconds` after its last write of them, and at shutdown. Each write lists
 the session in the index of recent sessions (its row made from the counts the write returns
-and the state it read back). Requests never read the turns, which no longer cost them a
-parse of their session's record.
+and the state it read back), and so does each write of the session's state (`relist`).
+Requests never read the turns: a session that was never compacted has no state to parse.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class TurnLog:
         self.metrics = metrics
         # A session's turns due to be written: the timer, then the write.
         self._writes: dict[str, asyncio.TimerHandle | asyncio.Task[None]] = {}
+        self._relisting: set[asyncio.Task[None]] = set()
         self._closing = False
 
     def observe(self, key: str, who: Who, turn: TurnFigures) -> None:
@@ -86,6 +87,14 @@ class TurnLog:
     def forget(self, key: str) -> None:
         self.ledger.forget(key)
 
+    def relist(self, key: str, version: int, state: SessionState) -> None:
+        """The session's state was written (a compaction, a summary prepared, the admin API):
+        its row is made again with it, in the background, so that the list shows it before
+        the session's next write of its turns."""
+        task = asyncio.create_task(self._relisted(key, version, state))
+        self._relisting.add(task)
+        task.add_done_callback(self._relisting.discard)
+
     async def close(self) -> None:
         """Write what is not written yet, for `LAST_WRITES_SECONDS` at most."""
         self._closing = True
@@ -96,9 +105,9 @@ class TurnLog:
         writes = [w for w in self._writes.values() if isinstance(w, asyncio.Task)]
         if writes:
             await asyncio.wait(writes, timeout=LAST_WRITES_SECONDS)
-        for task in writes:
+        for task in [*writes, *self._relisting]:
             task.cancel()
-        await asyncio.gather(*writes, return_exceptions=True)
+        await asyncio.gather(*writes, *self._relisting, return_exceptions=True)
 
     async def _settled(self, keys: list[str]) -> None:
         """This process's writes of these sessions' turns done: a read meanwhile would count
@@ -134,6 +143,16 @@ class TurnLog:
         with contextlib.suppress(ValueError):
             if record is not None:
                 state, version = SessionState.from_bytes(record.data), record.version
-        last = Activity(activity.who, counts, activity.recent[-1:])
-        row = Listed.of(key, version, state, last)
+        await self._list(key, version, state, Activity(activity.who, counts, activity.recent[-1:]))
+
+    async def _relisted(self, key: str, version: int, state: SessionState) -> None:
+        try:
+            stored = await self.store.turns(key)
+            if stored is not None:  # else its first turn lists it
+                await self._list(key, version, state, Activity.read(stored))
+        except (StoreUnavailable, TypeError, ValueError):
+            pass  # the next write of its turns lists it
+
+    async def _list(self, key: str, version: int, state: SessionState, turns: Activity) -> None:
+        row = Listed.of(key, version, state, turns)
         await self.store.set_listing(key, Listing(row.to_bytes(), row.at))
