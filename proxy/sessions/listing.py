@@ -56,7 +56,7 @@ class Listed:
                 model=who.model,
                 policy=who.policy,
                 store=who.store,
-                at=last.at,
+                at=round(last.at, 3),  # as the turns are stored
                 turns=row.turns + activity.counts.turns,
                 compactions=row.compactions + activity.counts.compactions,
                 saved=row.saved + activity.counts.saved,
