@@ -242,6 +242,7 @@ def first_chat(server: Server) -> float:
 
 
 def proxy_config(upstream: str, store: str, key_prefix: str) -> str:
+    """The admin API on, and with it the dashboard's bookkeeping of every turn."""
     return f"""
 listen: {{host: 127.0.0.1, port: 8080}}
 store: {{url: "{store}", key_prefix: "{key_prefix}"}}
@@ -249,6 +250,7 @@ upstreams:
   fake: {{base_url: "{upstream}"}}
 models:
   - {{match: "{MODEL}", context_window: {WINDOW}}}
+admin: {{token: bench-admin-token}}
 """
 
 
@@ -263,7 +265,7 @@ def redis_reachable(url: str) -> bool:
 @contextlib.contextmanager
 def own_keys(url: str, prefix: str) -> Iterator[None]:
     """Afterwards, delete what the proxy wrote under our prefix (a run without compaction
-    writes nothing, so normally nothing)."""
+    writes only the dashboard's turns of its one session, and its row in the list)."""
     try:
         yield
     finally:

@@ -15,6 +15,7 @@
     └── APIError              what a client sees: a status and an error in its API's shape
         ├── InvalidRequest        400  (ContextLengthExceeded: 400 context_length_exceeded)
         ├── Unauthorized          401
+        ├── Forbidden             403  the dashboard's checks on a request without the token
         ├── NotFound              404
         ├── BodyTooLarge          413
         ├── UpgradeRequired       426  a WebSocket upgrade: the proxy speaks HTTP only
@@ -91,6 +92,10 @@ class ContextLengthExceeded(InvalidRequest):
 
 class Unauthorized(APIError):
     status_code, error_type, code = 401, "invalid_request_error", "invalid_api_key"
+
+
+class Forbidden(APIError):
+    status_code, error_type, code = 403, "permission_error", "forbidden"
 
 
 class NotFound(APIError):

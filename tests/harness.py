@@ -31,6 +31,9 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 MODEL = "gpt-4"  # counted exactly (cl100k_base), as the fake counts it
 WINDOW = 4096  # the proxy's window for MODEL (the fake's is 8192, so it never rejects)
 ADMIN_TOKEN = "admin-token-of-the-tests"
+# The admin API without the dashboard, whose turns are written by themselves: for the tests of
+# what else writes the store, and when.
+NO_DASHBOARD = {"token": ADMIN_TOKEN, "dashboard": {"enabled": False}}
 SESSION_HEADER = "X-Session-Id"
 
 Message = dict[str, Any]

@@ -120,6 +120,11 @@ routes:
   - {{policy: default, model: "gpt-4o*", policy_header: careful, upstream: local, dialects: [chat]}}
 admin:
   token: ${{CP_TEST_ADMIN_TOKEN}}
+  dashboard:
+    enabled: true
+    open_on_loopback: true
+    turns: 300
+    write_seconds: 2
 compaction_items:
   signing_key: ${{CP_TEST_ITEMS_KEY}}
 hooks:
@@ -254,6 +259,7 @@ def test_every_setting_is_documented() -> None:
         config_module.Policy,
         config_module.Route,
         config_module.Admin,
+        config_module.Dashboard,
         config_module.Hooks,
         config_module.Hook,
         config_module.Logging,

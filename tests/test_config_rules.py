@@ -47,6 +47,14 @@ def problems(text: str) -> list[str]:
             "policies.default.summarizer.request_wait_seconds (<config>, line 6): must be positive",
         ),
         (
+            MINIMAL + "admin:\n  dashboard: {turns: 0}\n",
+            "admin.dashboard.turns (<config>, line 5): must be between 1 and 2000",
+        ),
+        (
+            MINIMAL + "admin:\n  dashboard: {write_seconds: 0}\n",
+            "admin.dashboard.write_seconds (<config>, line 5): must be positive",
+        ),
+        (
             MINIMAL + "store:\n  url: ftp://x\n",
             "store.url (<config>, line 5): must start with one of memory://, redis://, rediss://, "
             "redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel://",

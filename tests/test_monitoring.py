@@ -174,10 +174,13 @@ def refusal_reasons() -> set[str]:
     """Every `reason` of compaction_proxy_refusals_total: the code (else the type) of each of
     the proxy's error classes, and each code the proxy's source gives one of them. A provider's
     error through litellm (ProviderError) is relayed as the upstream's answer, never counted;
-    a head too large (HeadTooLarge) is refused by the server before the app, never counted."""
+    a head too large (HeadTooLarge) is refused by the server before the app, never counted;
+    the dashboard's checks (Forbidden) answer its own calls, which are no API's requests and
+    counted nowhere, as the admin API's are not."""
     classes = {cls.__name__: cls for cls in _subclasses(errors.APIError)}
     classes.pop(errors.ProviderError.__name__)
     classes.pop(errors.HeadTooLarge.__name__)
+    classes.pop(errors.Forbidden.__name__)
     reasons = {cls.code or cls.error_type for cls in classes.values()}
     for path in (ROOT / "proxy").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

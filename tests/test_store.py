@@ -21,8 +21,11 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from proxy.errors import StoreUnavailable
+from proxy.sessions import recent
+from proxy.sessions.recent import Listing
 from proxy.sessions.sessions import session_key
 from proxy.sessions.store import MemoryStore, Record, RedisStore, SessionStore, open_store
+from proxy.sessions.turns import StoredTurns, TurnCounts
 from tests.redis_servers import free_port, redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -289,6 +292,101 @@ async def test_ping(store: SessionStore) -> None:
     assert await store.ping() is True
 
 
+# -- a session's turns ------------------------------------------------------------------------
+
+
+def added(lines: str, who: bytes = b"w", turns: int = 1) -> StoredTurns:
+    return StoredTurns(who, TurnCounts(turns, turns // 2, 10 * turns), lines)
+
+
+async def test_turns_are_added_beside_the_state_and_never_change_it(store: SessionStore) -> None:
+    key = new_key()
+    assert await store.turns(key) is None
+    assert await store.add_turns(key, added("a"), keep=3) == (TurnCounts(1, 0, 10), None)
+    assert await store.get(key) is None  # what a request reads: still nothing
+    assert await store.compare_and_set(key, 0, b"plan") == 1
+    counts, record = await store.add_turns(key, added("b\nc\nd", b"w2", turns=3), keep=3)
+    assert (counts, record) == (TurnCounts(4, 1, 40), Record(1, b"plan"))
+    assert await store.turns(key) == StoredTurns(b"w2", TurnCounts(4, 1, 40), "b\nc\nd")
+    assert await store.compare_and_set(key, 1, b"plan 2") == 2  # the version stayed
+    assert (await store.turns(key)).counts.turns == 4  # type: ignore[union-attr]
+    await store.delete(key)
+    assert await store.turns(key) is None and await store.get(key) is None
+
+
+async def test_adding_turns_renews_the_ttl_of_the_record(make_store: MakeStore) -> None:
+    store = make_store(ttl_seconds=0.5)
+    key = new_key()
+    assert await store.compare_and_set(key, 0, b"plan") == 1
+    await asyncio.sleep(0.3)
+    await store.add_turns(key, added("a"), keep=3)
+    await asyncio.sleep(0.3)
+    assert await store.get(key) == Record(1, b"plan")  # 0.6 s after its write
+    await asyncio.sleep(0.6)
+    assert await store.get(key) is None and await store.turns(key) is None
+
+
+# -- the index of recent sessions ------------------------------------------------------------
+
+
+def listed(key: str, at: float) -> Listing:
+    return Listing(f"row of {key} at {at}".encode(), at)
+
+
+async def test_sessions_are_listed_newest_first(store: SessionStore) -> None:
+    now = time.time()
+    keys = [new_key() for _ in range(3)]
+    assert await store.recent() == []
+    for i, key in enumerate(keys):
+        await store.set_listing(key, listed(key, now + i))
+    assert await store.recent() == [listed(k, now + i) for i, k in reversed(list(enumerate(keys)))]
+    # A later row of the oldest puts it first; a row older than the one listed is not kept.
+    await store.set_listing(keys[0], listed(keys[0], now + 5))
+    await store.set_listing(keys[1], listed(keys[1], now - 5))
+    assert await store.recent() == [
+        listed(keys[0], now + 5),
+        listed(keys[2], now + 2),
+        listed(keys[1], now + 1),
+    ]
+
+
+async def test_a_deleted_session_is_unlisted(store: SessionStore) -> None:
+    key, other = new_key(), new_key()
+    now = time.time()
+    await store.set_listing(key, listed(key, now))
+    await store.set_listing(other, listed(other, now))
+    await store.delete(key)
+    assert await store.recent() == [listed(other, now)]
+
+
+async def test_the_index_keeps_the_newest_rows(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recent, "MAX_LISTED", 2 * recent.SHARDS)
+    store = make_store()
+    now = time.time()
+    written = []
+    for i in range(6 * recent.SHARDS):
+        key = new_key()
+        written.append(listed(key, now + i))
+        await store.set_listing(key, written[-1])
+    rows = await store.recent()
+    # Redis keeps the newest of each shard: the newest two of all are kept whatever the shards.
+    assert len(rows) <= 2 * recent.SHARDS
+    assert rows[:2] == written[:-3:-1]
+
+
+async def test_rows_expire_with_their_sessions(make_store: MakeStore) -> None:
+    store = make_store(ttl_seconds=0.5)
+    key, old = new_key(), new_key()
+    now = time.time()
+    await store.set_listing(old, listed(old, now - 0.6))
+    await store.set_listing(key, listed(key, now))
+    assert await store.recent() == [listed(key, now)]
+    await asyncio.sleep(0.6)
+    assert await store.recent() == []
+
+
 # -- Redis specifics -----------------------------------------------------------------------
 
 
@@ -324,6 +422,42 @@ async def test_every_redis_key_has_a_ttl_and_the_session_hash_tag(
         keys[1]: {"state", "fence"},
         keys[2]: {"lock", "fence"},
     }
+
+
+async def test_the_index_is_a_few_keys_each_under_its_own_hash_tag_with_a_ttl(
+    prefix: str, redis: Redis
+) -> None:
+    store = RedisStore(REDIS_URL, ttl_seconds=100, key_prefix=prefix)
+    try:
+        for i in range(4 * recent.SHARDS):
+            key = new_key()
+            await store.set_listing(key, listed(key, i))
+    finally:
+        await store.close()
+    names = [raw.decode() async for raw in redis.scan_iter(match=f"{prefix}:{{recent-*")]
+    shape = re.compile(rf"{prefix}:\{{recent-([0-9]+)\}}:(order|rows)")
+    assert {shape.fullmatch(name)[2] for name in names} == {"order", "rows"}  # type: ignore[index]
+    assert len(names) <= 2 * recent.SHARDS
+    assert len({shape.fullmatch(name)[1] for name in names}) > 1  # type: ignore[index]
+    for name in names:
+        assert 98_000 < await redis.pttl(name) <= 100_000
+
+
+async def test_a_broken_index_fails_no_write_of_a_session(prefix: str, redis: Redis) -> None:
+    """The index is best-effort: its keys unusable (here of the wrong type), a row is not
+    written, and the store does not fail fast afterwards as it does when Redis fails."""
+    store = RedisStore(REDIS_URL, ttl_seconds=100, key_prefix=prefix)
+    try:
+        for n in range(recent.SHARDS):
+            await redis.set(f"{prefix}:{{recent-{n}}}:order", "not a sorted set")
+        key = new_key()
+        await store.set_listing(key, listed(key, 1.0))
+        assert await store.compare_and_set(key, 0, b"x") == 1
+        assert await store.get(key) == Record(1, b"x")
+        await store.delete(key)
+        assert await store.get(key) is None
+    finally:
+        await store.close()
 
 
 async def test_the_fence_outlives_a_short_state_ttl(prefix: str, redis: Redis) -> None:

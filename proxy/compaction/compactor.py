@@ -172,6 +172,7 @@ class Compactor:
             can_retry=not request.shadow,
             reserved_output=turn.budget.reserved_output,
             window_source=turn.limits.window_source,
+            levels=(turn.budget.compact_tokens, turn.budget.target_tokens),
             shadow=request.shadow,
             ratio=turn.ratio,
         )

@@ -22,9 +22,8 @@ class Forward:
     can_retry: bool = True
     anchors_complete: bool = True
     reserved_output: int | None = None  # output tokens the budget kept free in the window
-    window_source: str = (
-        "config"  # where the model's window came from: config | model-map | default
-    )
+    window_source: str = "config"  # whence the model's window: config | model-map | default
+    levels: tuple[int, int] = (0, 0)  # the budget's compact and target levels (tokens)
     # Shadow mode: the action and tokens are what the proxy would have done and sent; the
     # body is the client's own.
     shadow: bool = False

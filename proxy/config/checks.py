@@ -21,6 +21,7 @@ Problem = Callable[[Path, str], None]
 MIN_SIGNING_KEY = 32  # characters of a compaction item signing key: 128 bits and more
 # A header name, RFC 9110 section 5.1's token (the upstream client sends no other).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+MAX_DASHBOARD_TURNS = 2000  # a turn's figures take about 40 bytes of the session's record
 
 
 def check(config: Config, source: Source) -> None:
@@ -62,6 +63,11 @@ def check(config: Config, source: Source) -> None:
         if len(key.sha256) != 64 or any(c not in "0123456789abcdef" for c in key.sha256):
             p(("auth", "keys", i, "sha256"), "must be 64 lowercase hex characters")
     _check_open_relay(config, p)
+    dashboard = config.admin.dashboard
+    if not 1 <= dashboard.turns <= MAX_DASHBOARD_TURNS:
+        p(("admin", "dashboard", "turns"), f"must be between 1 and {MAX_DASHBOARD_TURNS}")
+    if dashboard.write_seconds <= 0:
+        p(("admin", "dashboard", "write_seconds"), "must be positive")
     signing_key = config.compaction_items.signing_key
     if signing_key is not None and len(signing_key) < MIN_SIGNING_KEY:
         p(("compaction_items", "signing_key"), f"must be at least {MIN_SIGNING_KEY} characters")
@@ -269,7 +275,7 @@ def _check_open_relay(config: Config, p: Problem) -> None:
                 "api_key or set auth.header to another header (e.g. X-Proxy-Key)",
             )
     open_relay = holds_key and not config.auth.keys and not config.auth.allow_unauthenticated
-    if open_relay and not _is_loopback(config.listen.host):
+    if open_relay and not is_loopback(config.listen.host):
         keyed = all(config.upstreams[n].api_key for n in holds_key)
         holders = (
             f"upstream {holds_key[0]!r} holds its own {'api_key' if keyed else 'credentials'}"
@@ -285,7 +291,7 @@ def _check_open_relay(config: Config, p: Problem) -> None:
         )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -257,8 +257,20 @@ class Route:
 
 
 @dataclasses.dataclass(frozen=True)
+class Dashboard:
+    """The sessions page (`proxy.server.dashboard`), on wherever the admin API is."""
+
+    enabled: bool = True
+    # Served without the admin token when the proxy listens on loopback only (and never else).
+    open_on_loopback: bool = False
+    turns: int = 200  # the figures of a session's last turns kept in its record
+    write_seconds: float = 5.0  # a session's turns written at most this often, this late
+
+
+@dataclasses.dataclass(frozen=True)
 class Admin:
     token: str | None = None
+    dashboard: Dashboard = Dashboard()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The admin API: inspect, reset and compact sessions. Off unless `admin.token` is set.
+"""The admin API: inspect, reset and compact sessions. Off unless `admin.token` is set. The
+dashboard (`dashboard`) serves its handlers behind checks of its own.
 
 Sessions are addressed by their key (the `x-compaction-session` response header, a hash of
 tenant and session id), or by tenant and session id through `/admin/session-key`.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import re
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import orjson
 from starlette.requests import Request
@@ -23,35 +24,32 @@ from proxy.credentials import bearer
 from proxy.dialects.openai.chat import Chat
 from proxy.errors import APIError, InvalidRequest, NotFound, Unauthorized
 from proxy.sessions.sessions import Sessions, session_key
+from proxy.sessions.state import SessionState
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
 class Admin:
-    def __init__(self, token: str, sessions: Sessions) -> None:
-        self._token = token.encode()
+    def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions  # failing closed: an operator wants to see a failure
 
-    def routes(self) -> list[BaseRoute]:
+    def routes(self, token: str | None) -> list[BaseRoute]:
+        """The admin API's routes, for requests bearing `token`; none without a token."""
+        if not token:
+            return []
+
+        def guard(handler: Handler) -> Handler:
+            return guarded(lambda request: check_token(request, token), handler)
+
         return [
-            Route("/admin/session-key", self._guard(self.key), methods=["GET"]),
-            Route("/admin/sessions/{key}", self._guard(self.inspect), methods=["GET"]),
-            Route("/admin/sessions/{key}", self._guard(self.reset), methods=["DELETE"]),
-            Route("/admin/sessions/{key}/compact", self._guard(self.compact), methods=["POST"]),
+            Route("/admin/session-key", guard(self.key), methods=["GET"]),
+            Route("/admin/sessions/{key}", guard(self.inspect), methods=["GET"]),
+            Route("/admin/sessions/{key}", guard(self.reset), methods=["DELETE"]),
+            Route("/admin/sessions/{key}/compact", guard(self.compact), methods=["POST"]),
         ]
-
-    def _guard(self, handler: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            try:
-                presented = bearer(request.headers.get("authorization", "")).encode()
-                if not hmac.compare_digest(presented, self._token):
-                    raise Unauthorized("invalid admin token")
-                response: Response = await handler(request)
-                return response
-            except APIError as exc:
-                return Chat().error_response(exc)
-
-        return endpoint
 
     async def key(self, request: Request) -> Response:
         tenant = request.query_params.get("tenant")
@@ -60,24 +58,28 @@ class Admin:
             raise InvalidRequest("give both 'tenant' and 'session' query parameters")
         return JSONResponse({"key": session_key(tenant, session)})
 
-    async def inspect(self, request: Request) -> Response:
-        key = _key(request)
+    async def session(self, request: Request) -> tuple[str, int, SessionState]:
+        """The key, version and state of the session the request's path names (version 0 and
+        an empty state when there is none). What the upstream's prompt cache did, as this
+        process read it, is written with the session's next write: shown here already."""
+        key = path_key(request)
         loaded = await self.sessions.load(key)
-        # What the upstream's prompt cache did, as this process read it, is written with
-        # the session's next write: shown here already.
-        state = self.sessions.with_unwritten(key, loaded.state)
-        if loaded.version == 0 and state.prompt_cache is None:
+        return key, loaded.version, self.sessions.with_unwritten(key, loaded.state)
+
+    async def inspect(self, request: Request) -> Response:
+        key, version, state = await self.session(request)
+        if version == 0 and state.prompt_cache is None:
             raise NotFound("no such session")
-        body = {"key": key, "version": loaded.version, **state.to_dict()}
+        body = {"key": key, "version": version, **state.to_dict()}
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         return Response(data, media_type="application/json")
 
     async def reset(self, request: Request) -> Response:
-        await self.sessions.delete(_key(request))
+        await self.sessions.delete(path_key(request))
         return Response(status_code=204)
 
     async def compact(self, request: Request) -> Response:
-        key = _key(request)
+        key = path_key(request)
         instructions = ""
         raw = await request.body()
         if raw:
@@ -98,7 +100,28 @@ class Admin:
         return JSONResponse({"key": key, "status": "compaction on the next request"}, 202)
 
 
-def _key(request: Request) -> str:
+def guarded(check: Callable[[Request], None], handler: Handler) -> Handler:
+    """`handler` once `check` let the request through (it raises an APIError when not); its
+    errors in OpenAI's shape."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            check(request)
+            return await handler(request)
+        except APIError as exc:
+            return Chat().error_response(exc)
+
+    return endpoint
+
+
+def check_token(request: Request, token: str) -> None:
+    """Unauthorized unless the request bears the admin token (compared in constant time)."""
+    presented = bearer(request.headers.get("authorization", "")).encode()
+    if not hmac.compare_digest(presented, token.encode()):
+        raise Unauthorized("invalid admin token")
+
+
+def path_key(request: Request) -> str:
     key = request.path_params["key"]
     if not isinstance(key, str) or not _KEY.match(key):
         raise InvalidRequest("a session key is 32 lowercase hex characters")

@@ -29,6 +29,7 @@ from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
 from proxy.server.admin import Admin
 from proxy.server.count_endpoint import CountEndpoint
+from proxy.server.dashboard import dashboard_routes, turn_ledger
 from proxy.server.disconnects import Endpoint, WatchedEndpoint
 from proxy.server.gate import Gate
 from proxy.server.guard import OPENAI, guarded
@@ -66,7 +67,8 @@ class Proxy:
         max_sessions = config.store.max_sessions  # also bounds each per-session ledger
         # Prompt-cache figures not yet written, for both Sessions.
         self.cache = CacheLedger(max_sessions)
-        self.sessions = Sessions(store, metrics, fail_open=config.store.fail_open, cache=self.cache)
+        fail_open, turns = config.store.fail_open, turn_ledger(config)
+        self.sessions = Sessions(store, metrics, fail_open=fail_open, cache=self.cache, turns=turns)
         summarizers = Summarizers(config, client, self.limits, metrics)
         self.prepared = PreparedSummaries(
             self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
@@ -200,9 +202,8 @@ def create_app(
         Route("/metrics", probes.metrics_endpoint, methods=["GET"]),
         WebSocketRoute("/{path:path}", websocket_refusal(metrics)),
     ]
-    if config.admin.token:
-        admin_sessions = Sessions(store, metrics, fail_open=False, cache=proxy.cache)
-        routes += Admin(config.admin.token, admin_sessions).routes()
+    admin = Admin(proxy.sessions.failing_closed())
+    routes += admin.routes(config.admin.token) + dashboard_routes(config, admin)
     routes.append(route("/{path:path}", not_found, ANY))
     app = ProxyApp(routes, lifespan, proxy.gate, posts)
     app.state.proxy = proxy

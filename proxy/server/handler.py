@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.forward import Forward
+from proxy.compaction.forward import Forward, shown_action
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import (
@@ -41,7 +41,9 @@ from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
 from proxy.server.relay import Relay, relayed, whole_response
 from proxy.server.tenants import Tenants
+from proxy.sessions.activity import Who
 from proxy.sessions.sessions import session_id
+from proxy.sessions.turns import TurnFigures
 from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded
 from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, relayable
 
@@ -50,6 +52,7 @@ log = logging.getLogger("compaction_proxy")
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 _SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
+MAX_MODEL_NAME = 128  # characters of a model's name the dashboard keeps (the client names it)
 
 
 class Handler:
@@ -124,7 +127,7 @@ class Handler:
         if response.status >= 400 and forward.can_retry:
             error = await read_bounded(response, idle, ERROR_BYTES)
             if isinstance(error, Unread):  # larger than any overflow's error
-                return self._pass_on(labels, forward, error, overhead, idle)
+                return self._pass_on(client_request, labels, forward, error, overhead, idle)
             if not self.dialect.is_overflow(response.status, error):
                 return self._finish(client_request, labels, forward, response, error, overhead)
             overflow = True
@@ -157,7 +160,7 @@ class Handler:
             self.metrics.upstream_errors.labels(upstream.name, "broken_body").inc()
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         if isinstance(payload, Unread):
-            return self._pass_on(labels, forward, payload, overhead, idle)
+            return self._pass_on(client_request, labels, forward, payload, overhead, idle)
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
     def client_request(
@@ -231,7 +234,7 @@ class Handler:
         response.release()
         if response.status == 200:
             self._calibrate(request, labels, forward, self.dialect.usage(payload))
-        self._count(labels, forward, response.status)
+        self._count(request, labels, forward, response.status)
         return whole_response(payload, response.status, self._headers(forward, response, overhead))
 
     async def _stream_head(
@@ -294,11 +297,12 @@ class Handler:
                 usage = start or dialect.stream_usage(tail)
                 self._calibrate(request, labels, forward, usage)
 
-        self._count(labels, forward, response.status)
+        self._count(request, labels, forward, response.status)
         return relayed(response, headers, chunks, on_end)
 
     def _pass_on(
         self,
+        request: ClientRequest,
         labels: RequestLabels,
         forward: Forward,
         response: Unread,
@@ -306,7 +310,7 @@ class Handler:
         idle: float,
     ) -> Relay:
         """An answer too large to hold, relayed as it comes (its usage unread)."""
-        self._count(labels, forward, response.status)
+        self._count(request, labels, forward, response.status)
         headers = self._headers(forward, response, overhead)
         return relayed(response, headers, response.chunks(idle))
 
@@ -327,7 +331,12 @@ class Handler:
         if usage.cache_creation_tokens is not None:
             self.metrics.cache_creation_tokens.labels(*labels).inc(usage.cache_creation_tokens)
 
-    def _count(self, labels: RequestLabels, forward: Forward, status: int) -> None:
+    def _count(
+        self, request: ClientRequest, labels: RequestLabels, forward: Forward, status: int
+    ) -> None:
+        turns = self.compactor.sessions.turns
+        if turns is not None:  # the dashboard is on
+            turns.observe(request.key, *_turn(request, forward))
         self.metrics.answered(labels.dialect, status, labels)
         self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
         if forward.shadow:
@@ -348,6 +357,16 @@ class Handler:
                 "decisions": [dataclasses.asdict(d) for d in forward.decisions],
             },
         )
+
+
+def _turn(request: ClientRequest, forward: Forward) -> tuple[Who, TurnFigures]:
+    """What the dashboard keeps of a turn (`Sessions.observe_turn`)."""
+    model = request.parsed.model[:MAX_MODEL_NAME]
+    who = Who(request.tenant, request.dialect.name, model, request.policy.name, forward.store)
+    action = shown_action(forward.action, shadow=forward.shadow)
+    layers = tuple([decision.layer for decision in forward.decisions]) if forward.decisions else ()
+    sent, forwarded = forward.tokens_before, forward.tokens_after
+    return who, TurnFigures(time.time(), sent, forwarded, *forward.levels, action, layers)
 
 
 async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -8,7 +8,8 @@ client input never reaches the store and one tenant can never address another's 
 `Sessions` is the one place that reads and writes session state: reads that fail open,
 compare-and-set updates (re-read on conflict) with fencing, and the single-flight lock. Every
 write also carries the prompt-cache figures this process read since the session's last write
-(`cache_usage.CacheLedger`).
+(`cache_usage.CacheLedger`). With the dashboard on, the figures of the turns it serves are
+kept and written beside the state by `turn_log.TurnLog`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import orjson
 
 from proxy.errors import StoreUnavailable
 from proxy.observability.metrics import Metrics
+from proxy.sessions.activity import ActivityLedger
 from proxy.sessions.cache_usage import CacheLedger, CacheUsage
 from proxy.sessions.state import SessionState
 from proxy.sessions.store import SessionStore
+from proxy.sessions.turn_log import TurnLog
 
 log = logging.getLogger("compaction_proxy")
 
@@ -98,15 +101,27 @@ class Sessions:
         *,
         fail_open: bool = True,
         cache: CacheLedger | None = None,
+        turns: ActivityLedger | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.fail_open = fail_open
         self.cache = cache or CacheLedger()
+        # None: the dashboard is off, no turn is kept.
+        self.turns = None if turns is None else TurnLog(store, turns, self.cache, metrics)
         self._releasing: set[asyncio.Task[None]] = set()
 
+    def failing_closed(self) -> Sessions:
+        """The same sessions, for the admin API: a store failure is an error, not a default."""
+        sessions = Sessions(self.store, self.metrics, fail_open=False, cache=self.cache)
+        sessions.turns = self.turns
+        return sessions
+
     async def close(self) -> None:
-        """Stop trying to release locks the store did not take (they expire by themselves)."""
+        """Write the turns not written yet, and stop trying to release locks the store did not
+        take (they expire by themselves)."""
+        if self.turns is not None:
+            await self.turns.close()
         for task in list(self._releasing):
             task.cancel()
         await asyncio.gather(*self._releasing, return_exceptions=True)
@@ -147,15 +162,19 @@ class Sessions:
             if changed is loaded.state:
                 return False
             unwritten = self.cache.unwritten(key)
-            data = _with_cache(changed, unwritten).to_bytes()
+            state = _with_cache(changed, unwritten)
             try:
-                written = await self.store.compare_and_set(key, loaded.version, data, fence=fence)
+                written = await self.store.compare_and_set(
+                    key, loaded.version, state.to_bytes(), fence=fence
+                )
             except StoreUnavailable:
                 self._failed("compare_and_set")
                 return False
             if written is not None:
                 if unwritten is not None:
                     self.cache.written(key, unwritten)
+                if self.turns is not None:
+                    self.turns.relist(key, written, state)
                 return True
             loaded = None
         log.warning("session state not written: concurrent updates", extra={"session": key[:12]})
@@ -203,6 +222,8 @@ class Sessions:
     async def delete(self, key: str) -> None:
         await self.store.delete(key)
         self.cache.forget(key)
+        if self.turns is not None:
+            self.turns.forget(key)
 
     def _failed(self, operation: str) -> Loaded:
         """Count the failure; serve without the session's state, or fail closed."""

@@ -3,8 +3,10 @@
 `MemoryStore` serves one process, `RedisStore` replicas sharing a Redis (one server, a
 Cluster, or a master behind Sentinels); both pass one contract suite (tests/test_store.py).
 Keys are `proxy.sessions.session_key` hashes, so raw client input never reaches the store,
-and the Redis keys of one session share a Redis Cluster hash tag. Every failure to answer is
-`StoreUnavailable`.
+and the Redis keys of one session share a Redis Cluster hash tag. Beside its state, a
+session's record keeps the figures of its turns (`turns.StoredTurns`), which the dashboard
+reads and a request never does, and the session has a row in the index of recent sessions
+(`recent`). Every failure to answer is `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from redis.typing import EncodableT
 
 from proxy.config.store_url import InvalidStoreURL, parse_store_url
 from proxy.errors import StoreUnavailable
+from proxy.sessions import recent
+from proxy.sessions import redis_scripts as scripts
+from proxy.sessions.recent import Listing, MemoryRecent, RedisRecent
 from proxy.sessions.redis_clients import connect
+from proxy.sessions.turns import NO_TURNS, StoredTurns, TurnCounts
 
 log = logging.getLogger("compaction_proxy")
 
@@ -51,9 +57,27 @@ class SessionStore(Protocol):
         so a summarizer that lost its lock cannot overwrite. Every write (re)sets the TTL.
         """
 
+    async def add_turns(
+        self, key: str, added: StoredTurns, keep: int
+    ) -> tuple[TurnCounts, Record | None]:
+        """Add turns to the session's: its counts to theirs, its lines after theirs (the last
+        `keep` kept), its `who` in place of theirs; the version stays, the TTL is (re)set.
+        The counts now, and the record as `get` gives it."""
+
+    async def turns(self, key: str) -> StoredTurns | None:
+        """The session's turns, None when none was added."""
+
     async def delete(self, key: str) -> None:
-        """Forget the record. The lock and the newest token stay until they expire, so a
-        summarizer still running stays fenced."""
+        """Forget the record, its turns and its row. The lock and the newest token stay until
+        they expire, so a summarizer still running stays fenced."""
+
+    async def set_listing(self, key: str, listing: Listing) -> None:
+        """The session's row in the index of recent sessions, best-effort; the newer (by its
+        time) of two rows of a session stays."""
+
+    async def recent(self) -> list[Listing]:
+        """The rows of the index, newest first: at most `recent.MAX_LISTED`, none of a
+        session not written for the TTL."""
 
     async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
         """A fencing token (strictly increasing per key), or None while someone holds it."""
@@ -124,6 +148,8 @@ class MemoryStore:
         self._ttl = ttl_seconds
         self._records: _LRU[Record] = _LRU(max_sessions)
         self._locks: _LRU[_Lock] = _LRU(max_sessions)
+        self._turns: _LRU[StoredTurns] = _LRU(max_sessions)
+        self._recent = MemoryRecent(ttl_seconds, min(max_sessions, recent.MAX_LISTED))
         # One counter for all keys: a token stays above every older one of its key even after
         # the key's lock entry was evicted.
         self._tokens = itertools.count(1)
@@ -149,9 +175,34 @@ class MemoryStore:
             self._locks.put(key, lock, max(now + self._ttl, lock.held_until))
         return record.version
 
+    async def add_turns(
+        self, key: str, added: StoredTurns, keep: int
+    ) -> tuple[TurnCounts, Record | None]:
+        _check_key(key)
+        now = time.monotonic()
+        kept = (self._turns.get(key, now) or NO_TURNS).then(added, keep)
+        self._turns.put(key, kept, now + self._ttl)
+        record = self._records.get(key, now)
+        if record is not None:
+            self._records.put(key, record, now + self._ttl)
+        return kept.counts, record
+
+    async def turns(self, key: str) -> StoredTurns | None:
+        _check_key(key)
+        return self._turns.get(key, time.monotonic())
+
     async def delete(self, key: str) -> None:
         _check_key(key)
         self._records.pop(key)
+        self._turns.pop(key)
+        self._recent.drop(key)
+
+    async def set_listing(self, key: str, listing: Listing) -> None:
+        _check_key(key)
+        self._recent.put(key, listing)
+
+    async def recent(self) -> list[Listing]:
+        return self._recent.recent()
 
     async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
         _check_key(key)
@@ -178,56 +229,9 @@ class MemoryStore:
         return None
 
 
-# KEYS: state, fence. ARGV: expected version, data, TTL ms, fence token or "".
-_COMPARE_AND_SET = """
-if ARGV[4] ~= '' and tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[4]) then
-  return 0
-end
-local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
-if version ~= tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'v', version + 1, 'd', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-end
-return version + 1
-"""
-
-# KEYS: lock, fence. ARGV: lock TTL ms, fence TTL ms.
-# A token is the master's clock in microseconds, or the newest token + 1 when that is not
-# above it: a failover that loses the newest writes to the fence cannot hand a token out again
-# (as long as the new master's clock is no further behind than the failover took).
-_ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
-end
-local time = redis.call('TIME')
-local now = time[1] .. string.format('%06d', tonumber(time[2]))
-local newest = redis.call('GET', KEYS[2])
-local token = now
-if newest and tonumber(newest) >= tonumber(now) then
-  token = redis.call('INCR', KEYS[2])
-else
-  redis.call('SET', KEYS[2], now)
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-return tonumber(token)
-"""
-
-# KEYS: lock. ARGV: token.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
 class RedisStore:
-    """Redis (redis-py asyncio): keys `{prefix}:{<key>}:state|lock|fence`, every one with a TTL.
+    """Redis (redis-py asyncio): keys `{prefix}:{<key>}:state|lock|fence`, every one with a TTL,
+    and the index of recent sessions (`recent`).
 
     Every error or timeout becomes StoreUnavailable, and opens a backoff during which calls
     fail at once: a dead Redis slows a request down at most once per backoff period. At most
@@ -262,16 +266,22 @@ class RedisStore:
         self._timeout = timeout_seconds
         self._backoff = backoff_seconds
         self._down_until = 0.0
-        self._compare_and_set = self._redis.register_script(_COMPARE_AND_SET)
-        self._acquire = self._redis.register_script(_ACQUIRE)
-        self._release = self._redis.register_script(_RELEASE)
+        self._compare_and_set = self._redis.register_script(scripts.COMPARE_AND_SET)
+        self._acquire = self._redis.register_script(scripts.ACQUIRE)
+        self._release = self._redis.register_script(scripts.RELEASE)
+        self._add_turns = self._redis.register_script(scripts.ADD_TURNS)
+        self._recent = RedisRecent(
+            self._redis, key_prefix, ttl_seconds, lambda call: self._run(call, backoff=False)
+        )
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         _check_key(key)
         tagged = f"{self._prefix}:{{{key}}}"
         return f"{tagged}:state", f"{tagged}:lock", f"{tagged}:fence"
 
-    async def _run(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _run(self, call: Callable[[], Awaitable[T]], *, backoff: bool = True) -> T:
+        """`call` within the timeout; a failure fails the next calls fast for a while, unless
+        `backoff` is off (the index's own: a shard's node down must not stop the sessions)."""
         now = time.monotonic()
         if now < self._down_until:
             raise StoreUnavailable("session store unavailable (failing fast after an error)")
@@ -280,6 +290,8 @@ class RedisStore:
                 await self._connected.ready()
                 return await call()
         except Exception as exc:  # a client's own bug must not fail the request either
+            if not backoff:
+                raise StoreUnavailable(f"index unavailable ({type(exc).__name__})") from exc
             if self._down_until <= now:
                 log.warning(
                     "session store unavailable, failing fast for %.1f s",
@@ -291,10 +303,8 @@ class RedisStore:
 
     async def get(self, key: str) -> Record | None:
         state, _, _ = self._keys(key)
-        version, data = await self._run(lambda: self._redis.hmget(state, ["v", "d"]))
-        if version is None or data is None:
-            return None
-        return Record(int(version), data.encode() if isinstance(data, str) else data)
+        found: list[Any] = await self._run(lambda: self._redis.hmget(state, ["v", "d"]))
+        return _record(*found)
 
     async def compare_and_set(
         self, key: str, expected_version: int, data: bytes, *, fence: int | None = None
@@ -309,9 +319,35 @@ class RedisStore:
         version = await self._run(lambda: self._compare_and_set([state, fence_key], args))
         return int(version) or None
 
+    async def add_turns(
+        self, key: str, added: StoredTurns, keep: int
+    ) -> tuple[TurnCounts, Record | None]:
+        state, _, fence_key = self._keys(key)
+        counts = added.counts
+        args: list[EncodableT] = [added.who, counts.turns, counts.compactions, counts.saved]
+        args += [added.lines, keep, self._ttl_ms]
+        *found, version, data = await self._run(lambda: self._add_turns([state, fence_key], args))
+        return TurnCounts(*map(int, found)), _record(version, data)
+
+    async def turns(self, key: str) -> StoredTurns | None:
+        state, _, _ = self._keys(key)
+        fields = ["w", "n", "c", "s", "t"]
+        found: list[Any] = await self._run(lambda: self._redis.hmget(state, fields))
+        who, *counts, lines = found
+        if who is None:
+            return None
+        return StoredTurns(who, TurnCounts(*map(int, counts)), lines.decode())
+
     async def delete(self, key: str) -> None:
         state, _, _ = self._keys(key)
-        await self._run(lambda: self._redis.delete(state))
+        await asyncio.gather(self._run(lambda: self._redis.delete(state)), self._recent.drop(key))
+
+    async def set_listing(self, key: str, listing: Listing) -> None:
+        _check_key(key)
+        await self._recent.put(key, listing)
+
+    async def recent(self) -> list[Listing]:
+        return await self._recent.recent()
 
     async def acquire_lock(self, key: str, ttl_seconds: float) -> int | None:
         _, lock, fence_key = self._keys(key)
@@ -333,6 +369,13 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._connected.close()
+
+
+def _record(version: Any, data: Any) -> Record | None:
+    """The record of the `v` and `d` fields as read (bytes, or None when absent)."""
+    if version is None or data is None:
+        return None
+    return Record(int(version), bytes(data))
 
 
 def _check_key(key: str) -> None:
