@@ -791,6 +791,7 @@ async def test_concurrent_requests_are_all_recorded(up: FakeUpstream) -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_command_line_serves_until_stopped() -> None:
     with subprocess.Popen(
         [sys.executable, "-m", "tests.fake_upstream", "--port", "0", "--window", "tiny=100"],

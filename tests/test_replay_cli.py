@@ -93,6 +93,7 @@ def totals_lines(result: dict[str, Any]) -> list[str]:
 # -- replay -----------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_a_long_session_table_agrees_with_what_the_compactor_did(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -476,6 +477,7 @@ def test_sessions_errors_are_clear_with_a_non_zero_exit(
     assert code == 1 and "--url must be http://host:port" in err
 
 
+@pytest.mark.subprocess
 def test_the_sessions_command_runs_as_installed() -> None:
     with harness() as h:
         chat = h.conversation("subprocess")

@@ -21,6 +21,8 @@ import yaml
 from tests.redis_servers import free_port
 from tests.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
 
+pytestmark = pytest.mark.subprocess
+
 SCRIPT = Path(sys.executable).parent / "compaction-proxy"
 DELAY, GRACE = 1.0, 2.0
 FINITE_EVENTS, EVENT_SECONDS = 6, 0.2  # a stream that ends within the grace period

@@ -47,7 +47,14 @@ async def redis(prefix: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
+@pytest.fixture(
+    params=[
+        "memory",
+        "redis",
+        pytest.param("cluster", marks=[pytest.mark.cluster, pytest.mark.tls]),
+        pytest.param("sentinel", marks=[pytest.mark.sentinel, pytest.mark.tls]),
+    ]
+)
 async def make_store(
     request: pytest.FixtureRequest, prefix: str, redis: Redis
 ) -> AsyncIterator[MakeStore]:

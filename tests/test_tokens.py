@@ -421,11 +421,13 @@ def offline_run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.subprocess
 def test_tiktoken_alone_cannot_load_here(tmp_path: Path) -> None:
     # The control for the test below: without the fix, the environment really is offline.
     assert offline_run("import tiktoken; tiktoken.get_encoding('o200k_base')", tmp_path).returncode
 
 
+@pytest.mark.subprocess
 def test_counts_offline_without_importing_litellm(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
