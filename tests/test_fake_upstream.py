@@ -21,6 +21,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import examples
 from tests.fake_upstream import (
     ApiError,
     FakeUpstream,
@@ -459,7 +460,7 @@ def test_context_length_messages(http: httpx.Client, fields: dict[str, Any], tai
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(words=st.integers(0, 400), max_tokens=st.integers(0, 300), tools=st.booleans())
 def test_window_is_prompt_plus_max_tokens(words: int, max_tokens: int, tools: bool) -> None:
     body: dict[str, Any] = {"model": "gpt-4o", "messages": padded(words), "max_tokens": max_tokens}
@@ -509,7 +510,7 @@ def rejection(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return caught.value.body
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(messages=conversations(), data=st.data())
 def test_tool_pairing_rules(messages: list[dict[str, Any]], data: st.DataObject) -> None:
     validate_chat({"model": "gpt-4o", "messages": messages})

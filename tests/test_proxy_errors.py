@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.config import loads
-from tests.conftest import ConfigFactory, metric
+from tests.conftest import ConfigFactory, examples, metric
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -301,7 +301,7 @@ bodies = (
 
 
 @settings(
-    max_examples=250,
+    max_examples=examples(250),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

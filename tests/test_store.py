@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from proxy.errors import StoreUnavailable
 from proxy.sessions.sessions import session_key
 from proxy.sessions.store import MemoryStore, Record, RedisStore, SessionStore, open_store
+from tests.conftest import examples
 from tests.redis_servers import free_port, redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -133,7 +134,9 @@ async def test_compare_and_set_versions(store: SessionStore) -> None:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     st.lists(
