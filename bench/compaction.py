@@ -81,7 +81,8 @@ def default_policy() -> Policy:
 
 
 def budget_for(policy: Policy, window: int, max_tokens: int | None = None) -> policies.Budget:
-    """The budget the proxy gives a request for MODEL at `window` (proxy/compaction/compactor.py)."""
+    """The budget the proxy gives a request for MODEL at `window`
+    (proxy/compaction/compactor.py)."""
     max_output = ModelCatalog().lookup(MODEL).max_output_tokens
     return policy.compaction.budget(window, max_output, max_tokens)
 

@@ -92,8 +92,9 @@ class Method(Protocol):
 
 
 class Proxy:
-    """The proxy's request path (proxy/compaction/compactor.py) without the store and the network: replay
-    the session's plan while its prefix matches, compact at the compact level, to the target."""
+    """The proxy's request path (proxy/compaction/compactor.py) without the store and the
+    network: replay the session's plan while its prefix matches, compact at the compact level,
+    to the target."""
 
     def __init__(self, name: str, policy: Policy, budget: policies.Budget, counter: TokenCounter):
         self.name = name
