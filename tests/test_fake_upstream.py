@@ -562,11 +562,13 @@ def test_slow_stream_and_client_disconnect(up: FakeUpstream, http: httpx.Client)
 
 
 def test_default_behavior_and_stream_delay() -> None:
-    with FakeUpstream(behavior="slow-stream", stream_delay=0.05) as slow:
+    # Delays long enough that the fast request stays under half of them on a loaded machine
+    # (0.44 s against a limit of 0.23 s was seen, with the other workers beside it).
+    with FakeUpstream(behavior="slow-stream", stream_delay=0.2) as slow:
         body = {"model": "gpt-4o-mini", "messages": HELLO, "stream": True}
         started = time.monotonic()
         raw = httpx.post(slow.base_url + "/chat/completions", json=body).content
-        slow_time = 0.05 * len(sse_chunks(raw))
+        slow_time = 0.2 * len(sse_chunks(raw))
         assert time.monotonic() - started >= slow_time
         started = time.monotonic()  # the header replaces the default
         httpx.post(slow.base_url + "/chat/completions", json=body, headers={"x-fake-behavior": ""})
