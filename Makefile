@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench docker-smoke agents-e2e lock
+.PHONY: serve test test-quick test-docker lint bench docker-smoke agents-e2e lock
 
 # Every dependency comes hash-pinned from the lock (requirements/, made by requirements/lock);
 # the project itself then goes in with no dependencies of its own and its pinned build backend.
@@ -36,6 +36,14 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+# While working: all but the Redis topologies, litellm and the subprocesses (make test runs all).
+test-quick: $(STAMP)
+	$(BIN)/pytest -m "not (cluster or sentinel or tls or litellm or subprocess or docker)"
+
+# The checks that need Docker Compose, which make test leaves out.
+test-docker: $(STAMP)
+	$(BIN)/pytest -n 0 -m docker
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py

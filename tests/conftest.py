@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from hypothesis import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, loads
@@ -33,6 +35,25 @@ from tests.redis_servers import (
 from tests.servers import ServerThread, proxy_server
 
 configure_offline_encodings()  # before any test asks tiktoken for an encoding
+
+# Hypothesis profiles. `ci` (where CI is set, as .ci/run does) runs every property's full count
+# of examples, the same ones each run (derandomized: a failure is the commit's, not the seed's)
+# and without a deadline (a loaded runner is slow, not wrong). `dev`, elsewhere, runs a fifth
+# of them, new ones each run; a failing example is kept in .hypothesis/ and tried first next
+# time. HYPOTHESIS_PROFILE=ci|dev chooses one.
+FULL_EXAMPLES = 100  # Hypothesis's default count
+settings.register_profile("ci", max_examples=FULL_EXAMPLES, derandomize=True, deadline=None)
+settings.register_profile("dev", max_examples=FULL_EXAMPLES // 5)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
+
+
+def examples(full: int) -> int:
+    """A property's count of examples: `full` under the `ci` profile, the profile's share of it
+    under another."""
+    return max(1, full * settings.default.max_examples // FULL_EXAMPLES)
+
 
 WINDOWS = {"small-8k": 8192, "gpt-4o-mini": 128_000, "gpt-4": 8192}
 

@@ -53,7 +53,9 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 10
+        # Generous: a proxy in front of litellm imports it first (~8 s with the suite's other
+        # workers beside it); a server that fails to start ends its thread at once.
+        deadline = time.monotonic() + 60
         while not (self.server.started and self.ready()):
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("server did not start")

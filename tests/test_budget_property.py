@@ -25,7 +25,7 @@ from proxy.observability.metrics import Metrics
 from proxy.server.app import Proxy
 from proxy.sessions.store import MemoryStore
 from proxy.upstream.client import UpstreamClient
-from tests.conftest import config_for
+from tests.conftest import config_for, examples
 from tests.conversations import words
 from tests.fake_upstream import FakeUpstream
 
@@ -95,7 +95,7 @@ TURNS = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     turns=TURNS,
     model=st.sampled_from(sorted(WINDOWS)),

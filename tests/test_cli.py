@@ -32,6 +32,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.subprocess
 def test_check_config_prints_the_resolved_config() -> None:
     result = run("check-config", "config.yaml")
     assert result.returncode == 0, result.stderr
@@ -41,6 +42,7 @@ def test_check_config_prints_the_resolved_config() -> None:
     assert resolved["store"]["url"] == "memory://"
 
 
+@pytest.mark.subprocess
 def test_check_config_masks_secrets(tmp_path: Path) -> None:
     file = tmp_path / "config.yaml"
     file.write_text(
@@ -83,6 +85,7 @@ def test_hash_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == hashlib.sha256(b"pk-team-a").hexdigest()
 
 
+@pytest.mark.subprocess
 def test_serve_refuses_to_become_an_open_relay(tmp_path: Path) -> None:
     file = tmp_path / "relay.yaml"
     file.write_text("upstreams:\n  main:\n    base_url: http://127.0.0.1:1/v1\n    api_key: k\n")
@@ -97,6 +100,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.subprocess
 def test_serve_starts_on_the_repository_config() -> None:
     port = free_port()
     server = subprocess.Popen(

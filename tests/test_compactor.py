@@ -27,6 +27,7 @@ from proxy.observability.metrics import Metrics
 from proxy.sessions.sessions import Sessions
 from proxy.sessions.state import SessionState
 from proxy.sessions.store import MemoryStore
+from tests.conftest import examples
 from tests.doubles import FailingStore, FakeSummarizer
 from tests.harness import history, said
 
@@ -175,7 +176,7 @@ async def test_sessions_of_two_tenants_never_share_a_plan() -> None:
 ON_THE_REQUEST_PATH = CONFIG.replace("512}", "512, prepare_at: 0.9}")
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     turns=st.lists(st.tuples(st.integers(20, 600), st.booleans()), min_size=1, max_size=30),
     answer=st.sampled_from(["A short summary.", RuntimeError("summarizer down")]),

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.dialects.json_checks import MAX_DEPTH
+from tests.conftest import examples
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread
 
@@ -48,7 +49,7 @@ def nested(draw: st.DrawFn) -> tuple[str, int, bool]:
 
 
 @settings(
-    max_examples=200,
+    max_examples=examples(200),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

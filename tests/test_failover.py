@@ -110,7 +110,13 @@ def summary_of(h: Harness, key: str) -> str:
     return branch.plan.summary.text
 
 
-@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        pytest.param("sentinel", marks=pytest.mark.sentinel),
+    ],
+)
 def test_a_failover_loses_the_newest_plan_and_rejects_the_stale_summary(kind: str) -> None:
     # No summary prepared ahead of time: the only writes are the compactions'.
     policy = {"default": {"prepare_at": 0.9}}
@@ -245,6 +251,7 @@ def opening(tag: str, rounds: int) -> list[dict[str, Any]]:
     return messages
 
 
+@pytest.mark.cluster
 async def test_three_replicas_serve_200_sessions_through_a_master_failover() -> None:
     # One process holds the three proxies, the fake upstream and the 200 clients: an event
     # loop may lag well past the default timeout, which would fail calls to a healthy store.

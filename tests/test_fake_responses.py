@@ -16,6 +16,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import examples
 from tests.fake_upstream import (
     ENCRYPTED_TOKENS,
     REASONING_TOKENS,
@@ -637,7 +638,7 @@ def histories(draw: st.DrawFn) -> list[dict[str, Any]]:
     return items
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(items=histories(), data=st.data())
 def test_tool_pairing_rules(items: list[dict[str, Any]], data: st.DataObject) -> None:
     check_pairs(items)

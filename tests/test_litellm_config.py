@@ -28,6 +28,8 @@ from proxy.upstream.litellm_transport import (
 from tests.conversations import words
 from tests.litellm_fakes import python
 
+pytestmark = pytest.mark.litellm
+
 ROOT = Path(__file__).resolve().parent.parent
 CLAUDE = """upstreams:
   claude:
@@ -171,6 +173,7 @@ def test_the_documented_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
     check_providers(config)
 
 
+@pytest.mark.subprocess
 def test_a_config_without_litellm_does_not_import_it() -> None:
     code = (
         "import sys\n"

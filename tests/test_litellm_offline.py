@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.litellm_fakes import python
+
+pytestmark = [pytest.mark.litellm, pytest.mark.subprocess]
 
 PROBE = """
 import json, sys

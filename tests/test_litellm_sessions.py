@@ -24,6 +24,8 @@ from tests.litellm_fakes import (
     providers,
 )
 
+pytestmark = pytest.mark.litellm
+
 shared, p = fixtures()
 
 

@@ -23,6 +23,8 @@ from tests.litellm_fakes import (
 )
 from tests.test_proxy_chat import WEATHER
 
+pytestmark = pytest.mark.litellm
+
 MODELS = [CLAUDE, GEMINI]
 
 shared, p = fixtures()

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.memo import Memo
+from tests.conftest import examples
 
 
 def lookups(memo: Memo[int], keys: list[int]) -> tuple[int, int]:
@@ -34,7 +35,7 @@ def test_a_working_set_of_half_the_size_misses_once_per_value(
     assert misses == len(values)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(64, 2048), st.floats(0.6, 1.8))
 def test_a_working_set_larger_than_the_memo_still_hits(size: int, ratio: float) -> None:
     """Histories resent in turn: least-recently-used alone would never hit (above half the

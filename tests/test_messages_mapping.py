@@ -22,6 +22,7 @@ from proxy.dialects.anthropic.view import groups as view_groups
 from proxy.dialects.base import Parsed
 from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
 from proxy.models.tokens import counter_for
+from tests.conftest import examples
 from tests.conversations import words as plain_words
 from tests.fake_anthropic import AnthropicError, FakeAnthropic
 from tests.test_raw_items import written
@@ -512,7 +513,7 @@ def client_marks_kept(native: dict[str, Any], out: dict[str, Any]) -> None:
                 assert block in shown
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=HEALTH)
 @given(history=histories(), data=st.data())
 async def test_every_compacted_view_is_a_valid_request(history: Any, data: st.DataObject) -> None:
     messages, thinking = history
@@ -581,7 +582,7 @@ def without_added_marks(sent: dict[str, Any], native: dict[str, Any]) -> dict[st
 # --- a replayed turn reads what is new ------------------------------------------------------
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.data())
 def test_the_split_reads_what_the_whole_body_path_reads(
     history: tuple[list[dict[str, Any]], bool], data: st.DataObject

@@ -20,7 +20,7 @@ from proxy.credentials import hash_key
 from proxy.models.catalog import ModelCatalog
 from proxy.observability import metrics
 from proxy.observability.labels import MAX_MODELS, OTHER, ModelLabels
-from tests.conftest import ConfigFactory, metric
+from tests.conftest import ConfigFactory, examples, metric
 from tests.fake_upstream import FakeUpstream, count_prompt_tokens
 from tests.harness import harness
 from tests.servers import ServerThread, proxy_server
@@ -193,7 +193,7 @@ amounts = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), amounts), max_size=40))
 def test_the_series_are_exposed_as_prometheus_client_exposes_its_own(
     updates: list[tuple[str, float]],
@@ -273,7 +273,7 @@ def test_the_model_label(model_labels: ModelLabels, model: str, upstream: str, l
     assert model_labels.label(model, config.upstreams[upstream]) == label
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(st.text(min_size=1, max_size=30), max_size=20))
 def test_labels_are_known_names_whatever_clients_send(names: list[str]) -> None:
     config = loads(CONFIG)

@@ -97,6 +97,7 @@ def test_missing_or_corrupt_map_warns_once(
     assert str(path) in caplog.records[0].getMessage()
 
 
+@pytest.mark.subprocess
 def test_does_not_import_litellm() -> None:
     code = (
         "import sys\n"

@@ -32,6 +32,7 @@ from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import SHORTENED, TrimHeadParams
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from policies.summary import TAIL_HEADING
+from tests.conftest import examples
 from tests.conversations import (
     ANCHOR,
     CLEARED,
@@ -105,7 +106,7 @@ SUMMARIZERS: list[Callable[[SummaryRequest], Awaitable[str]] | None] = [
 
 
 @settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -146,7 +147,7 @@ async def test_each_layer_keeps_the_invariants(
     assert new.covered == len(ctx.chain)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     messages=conversations(),
     name=st.sampled_from(sorted(LAYERS)),
@@ -163,7 +164,7 @@ async def test_a_layer_stops_at_the_target(messages, name, window) -> None:
         assert more == [] and again is plan
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=conversations(), name=st.sampled_from(sorted(LAYERS)))
 async def test_layers_are_deterministic(messages, name) -> None:
     first = await run(name, messages, Plan(), context(messages, 2048))

@@ -28,6 +28,7 @@ from policies import (
 from policies.message import visible_text
 from policies.plan import ANCHOR_HEADING
 from proxy.tools.recordings import client_requests
+from tests.conftest import examples
 from tests.conversations import (
     ANCHOR,
     CharCounter,
@@ -100,7 +101,7 @@ def check(messages: list[dict], result: Compaction, *, window: int, target: floa
 # --- properties over random conversations ---------------------------------------------------
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=HEALTH)
 @given(
     messages=conversations(),
     window=st.sampled_from([1024, 2048, 4096, 8192, 16384]),
@@ -121,7 +122,7 @@ async def test_compaction_keeps_every_invariant(messages, window, target, summar
     assert again == result  # deterministic
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=HEALTH)
 @given(messages=conversations(), data=st.data())
 async def test_a_plan_replayed_next_turn_renders_this_turns_view_as_a_prefix(messages, data):
     """Why a session's prefix stays stable: a stored plan extends, it never rewrites."""
@@ -148,7 +149,7 @@ async def test_a_plan_replayed_next_turn_renders_this_turns_view_as_a_prefix(mes
     assert following.plan.covered >= result.plan.covered
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=HEALTH)
 @given(messages=conversations())
 async def test_a_conversation_within_the_target_is_left_alone(messages):
     result = await run(messages, window=1_000_000)
@@ -158,7 +159,7 @@ async def test_a_conversation_within_the_target_is_left_alone(messages):
     assert result.tokens_before == result.tokens_after
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=HEALTH)
 @given(messages=conversations(), target=st.integers(50, 3000))
 async def test_a_given_target_overrides_the_budgets(messages, target):
     result = await run(messages, window=8192, target_tokens=target)

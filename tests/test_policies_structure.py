@@ -32,6 +32,7 @@ from policies.plan import (
     applied_edit,
     header_message,
 )
+from tests.conftest import examples
 from tests.conversations import conversations, png_data_url
 
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -112,7 +113,7 @@ def test_tool_pair_problems_name_the_openai_400_cases() -> None:
     ]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(conversations())
 def test_generated_conversations_are_valid_requests(messages: list[dict]) -> None:
     assert tool_pair_problems(messages) == []
@@ -151,7 +152,7 @@ def test_canonical_form_sees_what_the_model_sees() -> None:
     assert len(forms) == 8
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(conversations(), st.data())
 def test_chain_prefixes_identify_prefixes_without_system_messages(
     messages: list[dict], data
@@ -256,7 +257,7 @@ def test_a_plan_that_evicts_everything_ends_with_its_header() -> None:
     assert render(CHAT, plan) == [SYSTEM, CHAT[3], header_message(plan.summary, None)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(conversations())
 def test_the_empty_plan_renders_the_messages_unchanged(messages: list[dict]) -> None:
     assert render(messages, Plan()) == messages
@@ -298,7 +299,7 @@ def plans(draw: st.DrawFn, messages: list[dict]) -> Plan:
     )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(conversations(), st.data())
 def test_render_entries_point_at_the_messages_they_show(messages: list[dict], data) -> None:
     plan = data.draw(plans(messages))

@@ -31,7 +31,7 @@ from proxy.dialects.openai.responses_compaction import PREFIX, CompactionSeal, e
 from proxy.errors import InvalidRequest
 from proxy.server.provider_compaction import ACTION, may_hold_items
 from tests.codex import Codex, codex_servers, echoed
-from tests.conftest import config_for, metric
+from tests.conftest import config_for, examples, metric
 from tests.fake_hook import FakeHook
 from tests.fake_upstream import FakeUpstream, is_summary_request
 from tests.redis_servers import wait_for
@@ -412,7 +412,7 @@ def items_with_proxy_compactions(draw: st.DrawFn) -> list[dict[str, Any]]:
     return items
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(items_with_proxy_compactions(), st.sampled_from(["user", "developer", "assistant"]))
 def test_expansion_keeps_every_other_item_and_every_pair(
     items: list[dict[str, Any]], role: str
@@ -540,7 +540,7 @@ def test_escaped_type_names_are_read_as_the_items_they_are(
     assert sent[0]["type"] == "message" and sent[1:] == follow_up[1:]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(items_with_proxy_compactions(), st.booleans(), st.data())
 def test_the_prescan_misses_no_item_however_spelled(
     items: list[dict[str, Any]], trigger: bool, data: st.DataObject

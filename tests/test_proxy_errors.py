@@ -21,7 +21,7 @@ from proxy.observability.logs import JsonFormatter
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import UpstreamResponse
 from proxy.upstream.client import UpstreamClient
-from tests.conftest import ConfigFactory, captured, config_for, metric
+from tests.conftest import ConfigFactory, captured, config_for, examples, metric
 from tests.fake_upstream import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -306,7 +306,7 @@ bodies = (
 
 
 @settings(
-    max_examples=250,
+    max_examples=examples(250),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -23,6 +23,7 @@ from proxy.dialects.openai.responses import _mapped
 from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownBodies, KnownItems
 from proxy.errors import InvalidRequest
 from proxy.memo import content_keys
+from tests.conftest import examples
 
 scalars = (
     st.none()
@@ -86,7 +87,7 @@ def bodies(draw: st.DrawFn) -> bytes:
     return draw(written(body)).encode()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(bodies(), min_size=1, max_size=4))
 def test_the_split_reads_what_the_whole_body_path_reads(raws: list[bytes]) -> None:
     chat = Chat(split_from=0)
@@ -120,7 +121,7 @@ def test_the_split_reads_what_the_whole_body_path_reads(raws: list[bytes]) -> No
         assert spans == list(parsed.raw_items) == list(split.raw)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.lists(messages, min_size=1, max_size=4), min_size=1, max_size=8),
     st.data(),
@@ -211,7 +212,7 @@ def same_reading(chat: Chat, raw: bytes) -> None:
     assert parsed.keys == [hash(span) for span in parsed.raw_items]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.lists(st.lists(messages, min_size=1, max_size=3), min_size=2, max_size=6),
     st.sampled_from([(",", ":"), (", ", ": ")]),

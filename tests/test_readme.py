@@ -152,6 +152,7 @@ def test_every_example_is_run_or_said_why_not() -> None:
     assert len(run_blocks("sh")) >= 4 and len(run_blocks("python")) == 2
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("index", range(len(run_blocks("python"))))
 def test_python_example(setting: Setting, index: int) -> None:
     block = run_blocks("python")[index]
@@ -176,6 +177,7 @@ def sh_block(start: str) -> Block:
     return block
 
 
+@pytest.mark.subprocess
 def test_curl_example_is_answered_with_the_compaction_headers(setting: Setting) -> None:
     result = setting.shell(setting.rewritten(sh_block("curl").text))
     assert result.returncode == 0, result.stderr
@@ -183,6 +185,7 @@ def test_curl_example_is_answered_with_the_compaction_headers(setting: Setting) 
     assert '"choices"' in result.stdout
 
 
+@pytest.mark.subprocess
 def test_replay_example_writes_its_chart_outside_the_repository(setting: Setting) -> None:
     block = sh_block(".venv/bin/compaction-proxy replay")
     assert "/tmp/turns.svg" in block.text
@@ -192,6 +195,7 @@ def test_replay_example_writes_its_chart_outside_the_repository(setting: Setting
     assert (setting.folder / "turns.svg").read_text().startswith("<svg")
 
 
+@pytest.mark.subprocess
 def test_sessions_example_shows_the_session_of_an_answer(setting: Setting) -> None:
     result = setting.shell(setting.rewritten(sh_block("SESSION_KEY=").text))
     assert result.returncode == 0, result.stderr
@@ -199,6 +203,7 @@ def test_sessions_example_shows_the_session_of_an_answer(setting: Setting) -> No
     assert "branches" in shown, result.stdout
 
 
+@pytest.mark.subprocess
 def test_config_commands_example(setting: Setting) -> None:
     """check-config and hash-key as written; `serve` on a free port, until it is ready."""
     lines = sh_block(".venv/bin/compaction-proxy check-config").text.strip().splitlines()

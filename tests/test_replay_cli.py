@@ -26,6 +26,7 @@ from proxy.server.tenants import Tenants
 from proxy.tools.cli import main
 from proxy.tools.recordings import Recorded, client_requests, joined
 from proxy.tools.replay import Replay, Totals, with_window
+from tests.conftest import examples
 from tests.conversations import TRACES, conversations, load_traces
 from tests.fake_upstream import FakeUpstream, is_summary_request
 from tests.harness import ADMIN_TOKEN, harness
@@ -93,6 +94,7 @@ def totals_lines(result: dict[str, Any]) -> list[str]:
 # -- replay -----------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_a_long_session_table_agrees_with_what_the_compactor_did(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -311,7 +313,7 @@ TINY_THEN_A_HUGE_CALL = [
 ]
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sessions=st.lists(conversations(max_rounds=10), min_size=1, max_size=3))
 @example(sessions=[TINY_THEN_A_HUGE_CALL])
 async def test_random_sessions_keep_the_proxy_invariants_turn_by_turn(
@@ -476,6 +478,7 @@ def test_sessions_errors_are_clear_with_a_non_zero_exit(
     assert code == 1 and "--url must be http://host:port" in err
 
 
+@pytest.mark.subprocess
 def test_the_sessions_command_runs_as_installed() -> None:
     with harness() as h:
         chat = h.conversation("subprocess")

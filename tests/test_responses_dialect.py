@@ -36,6 +36,7 @@ from proxy.dialects.openai.responses_items import CALLS, OPAQUE_ITEM_TOKENS, OUT
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.memo import content_keys
 from proxy.models.tokens import counter_for
+from tests.conftest import examples
 from tests.conversations import words
 from tests.fake_upstream import validate_responses
 from tests.fake_upstream.responses_input import check_pairs
@@ -506,7 +507,7 @@ def compaction_policies(draw: st.DrawFn) -> Policy:
     return Policy(layers=layers, protect_recent_rounds=1, **protect)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=item_lists(), limit=st.integers(300, 6000), policy=compaction_policies())
 def test_compacted_items_keep_every_rule_of_the_api(
     items: list[Item], limit: int, policy: Policy
@@ -621,7 +622,7 @@ def histories(draw: st.DrawFn) -> list[Item]:
     return items
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.data())
 def test_a_replayed_turn_maps_only_its_new_items_to_what_the_whole_body_gives(
     items: list[Item], data: st.DataObject

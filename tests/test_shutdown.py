@@ -18,6 +18,8 @@ import pytest
 from tests.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
 from tests.served import served
 
+pytestmark = pytest.mark.subprocess
+
 DELAY, GRACE = 1.0, 2.0
 FINITE_EVENTS, EVENT_SECONDS = 6, 0.2  # a stream that ends within the grace period
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": True}

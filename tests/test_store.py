@@ -26,6 +26,7 @@ from proxy.sessions.recent import Listing
 from proxy.sessions.sessions import session_key
 from proxy.sessions.store import MemoryStore, Record, RedisStore, SessionStore, open_store
 from proxy.sessions.turns import StoredTurns, TurnCounts
+from tests.conftest import examples
 from tests.redis_servers import free_port, redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -50,7 +51,14 @@ async def redis(prefix: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
+@pytest.fixture(
+    params=[
+        "memory",
+        "redis",
+        pytest.param("cluster", marks=[pytest.mark.cluster, pytest.mark.tls]),
+        pytest.param("sentinel", marks=[pytest.mark.sentinel, pytest.mark.tls]),
+    ]
+)
 async def make_store(
     request: pytest.FixtureRequest, prefix: str, redis: Redis
 ) -> AsyncIterator[MakeStore]:
@@ -129,7 +137,9 @@ async def test_compare_and_set_versions(store: SessionStore) -> None:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     st.lists(

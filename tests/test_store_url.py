@@ -154,6 +154,7 @@ async def test_open_store_picks_the_implementation() -> None:
         await store.close()
 
 
+@pytest.mark.tls
 async def test_rediss_checks_the_servers_certificate(certificates: Certificates) -> None:
     """A TLS server, with the CA given (it answers) and without (the certificate is refused:
     unavailable, and nothing of the URL in the error)."""

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.models.tokens import TokenCounter, configure_offline_encodings, counter_for
+from tests.conftest import examples
 from tests.openai_examples import COOKBOOK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +146,7 @@ def test_text_matches_tiktoken(name: str) -> None:
         assert counter.text(text) == len(enc.encode(text, disallowed_special=()))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text())
 def test_text_matches_tiktoken_on_any_string(text: str) -> None:
     assert counter_for("gpt-4o").text(text) == len(encoding("o200k_base").encode_ordinary(text))
@@ -340,7 +341,7 @@ def test_counters_are_shared() -> None:
     assert counter_for("gpt-4o") is not counter_for("gpt-4")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(), st.integers(min_value=-1, max_value=60))
 def test_head_is_a_prefix_within_budget(text: str, tokens: int) -> None:
     for counter in (counter_for("gpt-4o"), counter_for("gpt-4"), counter_for("claude")):
@@ -371,7 +372,7 @@ message_fields = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(message_fields, json_values, max_size=6), json_values)
 def test_any_json_is_counted_without_error(message: dict[str, Any], tools: Any) -> None:
     for counter in (counter_for("gpt-4o"), counter_for("claude")):
@@ -421,11 +422,13 @@ def offline_run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.subprocess
 def test_tiktoken_alone_cannot_load_here(tmp_path: Path) -> None:
     # The control for the test below: without the fix, the environment really is offline.
     assert offline_run("import tiktoken; tiktoken.get_encoding('o200k_base')", tmp_path).returncode
 
 
+@pytest.mark.subprocess
 def test_counts_offline_without_importing_litellm(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"

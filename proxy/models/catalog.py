@@ -1,6 +1,7 @@
 """Model windows from the model map litellm ships, read without importing litellm.
 
-Importing litellm costs ~160 MB and ~2.5 s; its map is a plain JSON file in the package.
+Importing litellm costs memory and seconds (bench/README.md, "Upstreams of kind litellm"); its
+map is a plain JSON file in the package.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def configure_offline_encodings() -> None:
     """
     if "TIKTOKEN_CACHE_DIR" in os.environ:
         return
-    # find_spec on a top-level package locates it without importing it (~160 MB, 2.5 s).
+    # find_spec on a top-level package locates it without importing it (see catalog.py).
     spec = importlib.util.find_spec("litellm")
     locations = spec.submodule_search_locations if spec else None
     directory = Path(locations[0], "litellm_core_utils", "tokenizers") if locations else None

@@ -1,9 +1,10 @@
 """litellm, imported once and set up to stay offline and quiet.
 
-Importing litellm costs ~160 MB and seconds, so only a config with an upstream of kind litellm
-does it, at start-up. It must fetch nothing on its own (its model map, beta headers and
-tokenizers come from the package: only the configured providers are ever contacted), and its
-loggers, which print request and response bodies at debug level, are silenced.
+Importing litellm costs memory and seconds (bench/README.md, "Upstreams of kind litellm"), so
+only a config with an upstream of kind litellm does it, at start-up. It must fetch nothing on
+its own (its model map, beta headers and tokenizers come from the package: only the configured
+providers are ever contacted), and its loggers, which print request and response bodies at
+debug level, are silenced.
 """
 
 from __future__ import annotations
