@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from proxy.config import loads
 from tests.conftest import ConfigFactory, examples, metric
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"

@@ -15,7 +15,7 @@ import pytest
 import websockets
 
 from tests.conftest import SDK, ConfigFactory, metric
-from tests.fake_upstream import FakeUpstream, count_input_tokens, is_summary_request, reply_text
+from tests.fakes.openai import FakeUpstream, count_input_tokens, is_summary_request, reply_text
 from tests.servers import ServerThread, proxy_server
 from tests.test_fake_responses import sse_events
 from tests.test_proxy_chat import check_compaction_headers

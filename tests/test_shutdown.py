@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
 from tests.redis_servers import free_port
-from tests.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
 
 pytestmark = pytest.mark.subprocess
 

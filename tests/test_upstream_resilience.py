@@ -18,7 +18,7 @@ import yaml
 
 from proxy.config import Config, loads
 from tests.conftest import metric
-from tests.scripted import Request, Script, ScriptedUpstream, event, response, stream_head
+from tests.fakes.scripted import Request, Script, ScriptedUpstream, event, response, stream_head
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"
