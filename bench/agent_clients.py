@@ -8,7 +8,7 @@ scripts/agents-e2e.sh); docs/agents-e2e.md tells the whole of it.
         --client claude --iterations 12 --subagent-at 5 --fixtures tests/data/clients
 
 For each client: a fake of its API on loopback (tests/fake_upstream for Codex's Responses
-requests, tests/fake_anthropic.py for Claude Code's Messages) whose model is scripted
+requests, tests/fakes/anthropic.py for Claude Code's Messages) whose model is scripted
 (bench/agent_model.py): it makes the client run `cat logs/step-NN.log` with its own shell tool
 for N iterations, each log a few KB with a fact in the middle, then answer. The proxy, with a
 generated config (the fake as its upstream, the client's model at a small window, the memory
@@ -43,8 +43,8 @@ from agent_report import Run, print_report, report, save_fixtures, save_traffic
 from common import ROOT, Server, proxy
 from recorder import Recorder
 
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_upstream import RECORDING_KEY, FakeUpstream
+from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.openai import RECORDING_KEY, FakeUpstream
 
 Fake = FakeUpstream | FakeAnthropic
 

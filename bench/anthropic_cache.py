@@ -32,8 +32,8 @@ from common import long_history, percentile, proxy  # noqa: E402  (bench/ is on 
 from proxy.models.tokens import configure_offline_encodings  # noqa: E402
 from tests.claude_loop import MODEL, WINDOW, cache_read_share, run_loop  # noqa: E402
 from tests.conversations import words  # noqa: E402
-from tests.fake_anthropic import FakeAnthropic  # noqa: E402
-from tests.fake_upstream import FakeUpstream  # noqa: E402
+from tests.fakes.anthropic import FakeAnthropic  # noqa: E402
+from tests.fakes.openai import FakeUpstream  # noqa: E402
 
 
 def loop(iterations: int, *, breakpoints: bool, thinking: bool, marks: bool) -> dict[str, Any]:

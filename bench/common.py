@@ -31,7 +31,7 @@ TRACES = ROOT / "tests/data"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.fake_upstream import count_prompt_tokens  # noqa: E402  (needs ROOT on the path)
+from tests.fakes.openai import count_prompt_tokens  # noqa: E402  (needs ROOT on the path)
 
 START_TIMEOUT = 20.0
 
@@ -122,9 +122,9 @@ def serve(
 
 @contextlib.contextmanager
 def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
-    """The test suite's fake upstream (tests/fake_upstream) on a free port, recording nothing."""
+    """The test suite's fake upstream (tests/fakes/openai) on a free port, recording nothing."""
     port = free_port()
-    args = [sys.executable, "-m", "tests.fake_upstream", "--port", str(port)]
+    args = [sys.executable, "-m", "tests.fakes.openai", "--port", str(port)]
     args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
     with serve(args, "fake", port, "/v1/models") as server:
         yield server
@@ -132,10 +132,10 @@ def fake_upstream(windows: Mapping[str, int]) -> Iterator[Server]:
 
 @contextlib.contextmanager
 def fake_anthropic(windows: Mapping[str, int]) -> Iterator[Server]:
-    """The test suite's fake Anthropic Messages API (tests/fake_anthropic.py) on a free port,
+    """The test suite's fake Anthropic Messages API (tests/fakes/anthropic.py) on a free port,
     recording nothing; its `url` has no /v1 (what Anthropic's clients and litellm take)."""
     port = free_port()
-    args = [sys.executable, "-m", "tests.fake_anthropic", "--port", str(port)]
+    args = [sys.executable, "-m", "tests.fakes.anthropic", "--port", str(port)]
     args += [f"--window={model}={tokens}" for model, tokens in windows.items()]
     headers = {"anthropic-version": "2023-06-01"}
     with serve(args, "anthropic", port, "/v1/models", headers=headers) as up:

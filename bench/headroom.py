@@ -39,7 +39,7 @@ from policies.message import Message, visible_text
 from proxy.config import Policy
 from proxy.models.tokens import counter_for
 from proxy.tools.recordings import joined
-from tests.fake_upstream import count_prompt_tokens
+from tests.fakes.openai import count_prompt_tokens
 from tests.test_long_sessions import agent_loop, dialogue
 
 SETTINGS = {  # name: (headroom_turns, target_floor)

@@ -62,7 +62,7 @@ from proxy.sessions.sessions import session_key
 from proxy.sessions.store import MemoryStore, RedisStore
 from proxy.upstream.client import UpstreamClient
 from tests.conversations import words
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.redis_servers import redis_server
 
 MODEL = "gpt-4o"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import aiohttp
 from aiohttp import web
 
-from tests.fake_upstream import FakeServer, RecordedRequest
+from tests.fakes.openai import FakeServer, RecordedRequest
 
 # Hop-by-hop headers, and the framing the relay sets anew.
 _HOP = frozenset(("host", "content-length", "transfer-encoding", "connection", "keep-alive"))

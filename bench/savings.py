@@ -6,7 +6,7 @@
 Each session is replayed as a client does it: one request per assistant message, holding the
 history up to it, with max_tokens = a quarter of the window. Every method gets the same prompt
 budget (window - max_tokens - the proxy's safety margin); every result is checked as the
-strict fake upstream checks it (tests/fake_upstream: tool pairing and the window). Sessions
+strict fake upstream checks it (tests/fakes/openai: tool pairing and the window). Sessions
 are the conversations alone, then `--join` of them joined into one long session.
 
 - proxy: `policies.compact` with the default policy of config.yaml and the mechanical digest
@@ -58,7 +58,7 @@ from policies.message import Message, call_arguments, call_function, tool_calls,
 from proxy.config import Policy
 from proxy.models.tokens import REPLY_PRIMING, TokenCounter, counter_for
 from proxy.tools.recordings import joined
-from tests.fake_upstream import (
+from tests.fakes.openai import (
     ApiError,
     check_window,
     count_prompt_tokens,

@@ -52,7 +52,7 @@ from compaction import MODEL, budget_for, conditions, default_policy
 
 import policies
 from proxy.models.tokens import counter_for
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 
 WINDOW = 32_000
 HISTORY_TOKENS = 100_000

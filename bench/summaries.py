@@ -4,7 +4,7 @@ and without it.
 
     .venv/bin/python bench/summaries.py [--sessions 6] [--think 1.0] [--median 2.0]
 
-The fake upstream (tests/fake_upstream) and the proxy run in this process, each in its own
+The fake upstream (tests/fakes/openai) and the proxy run in this process, each in its own
 thread (memory store, the default policy, gpt-4o at an 8k window), with summaries prepared
 ahead of time as by default, and without (`prepare_at` at the compact level: every summary
 is asked for on the request path). The fake's summaries take a
@@ -36,7 +36,7 @@ from common import percentile
 from compaction import conditions
 
 from tests.conftest import config_for, metric
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import proxy_server
 
 MODEL = "gpt-4o-8k"

@@ -47,7 +47,7 @@ echo "docker-smoke: built $image, $((size / 1000000)) MB"
 
 upstream_port=$(free_port)
 proxy_port=$(free_port)
-"$python" -m tests.fake_upstream --port "$upstream_port" --window gpt-4o-mini=128000 \
+"$python" -m tests.fakes.openai --port "$upstream_port" --window gpt-4o-mini=128000 \
   >"$work/fake.log" 2>&1 &
 fake_pid=$!
 

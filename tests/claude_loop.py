@@ -16,7 +16,7 @@ import yaml
 
 from proxy.config import loads
 from tests.conversations import words
-from tests.fake_anthropic import FakeAnthropic
+from tests.fakes.anthropic import FakeAnthropic
 from tests.servers import proxy_server
 
 MODEL = "claude-loop"

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, loads
 from proxy.models.tokens import configure_offline_encodings
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.redis_servers import (
     Certificates,
     Cluster,

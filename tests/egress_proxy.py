@@ -15,7 +15,7 @@ import dataclasses
 import ssl
 from urllib.parse import urlsplit
 
-from tests.scripted import LoopbackServer, read_head
+from tests.fakes.scripted import LoopbackServer, read_head
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from proxy.config import Config
 from proxy.sessions.state import Prepared, SessionState
 from tests.conftest import config_for, merged, metric
 from tests.conversations import words
-from tests.fake_upstream import FakeUpstream, SummaryResult
+from tests.fakes.openai import FakeUpstream, SummaryResult
 from tests.redis_servers import inspector
 from tests.servers import ServerThread, proxy_server
 

@@ -18,8 +18,8 @@ import yaml
 
 from proxy.config import Config, loads
 from tests.conftest import merged
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_gemini import FakeGemini
+from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.gemini import FakeGemini
 from tests.servers import ServerThread, proxy_server
 
 ANTHROPIC_KEY = "sk-ant-key-of-the-tests-0123456789"

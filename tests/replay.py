@@ -27,7 +27,7 @@ from proxy.tools import recordings
 from proxy.tools.replay import stable
 from tests.conftest import config_for
 from tests.conversations import load_traces
-from tests.fake_upstream import (
+from tests.fakes.openai import (
     ApiError,
     FakeUpstream,
     Summarizer,

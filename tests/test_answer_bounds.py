@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.scripted import Request, ScriptedUpstream
+from tests.fakes.scripted import Request, ScriptedUpstream
 from tests.served import Served, served
 
 MiB = 1 << 20

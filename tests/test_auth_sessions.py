@@ -16,7 +16,7 @@ from proxy.credentials import hash_key
 from proxy.server.tenants import Tenants
 from proxy.sessions.sessions import session_id
 from tests.conftest import ConfigFactory, config_for
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from tests.conftest import ConfigFactory, config_for, merged
-from tests.fake_upstream import SUMMARY_HEADER, FakeUpstream
+from tests.fakes.openai import SUMMARY_HEADER, FakeUpstream
 from tests.servers import proxy_server
 
 CHAT = "/v1/chat/completions"

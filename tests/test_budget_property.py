@@ -27,7 +27,7 @@ from proxy.sessions.store import MemoryStore
 from proxy.upstream.client import UpstreamClient
 from tests.conftest import config_for, examples
 from tests.conversations import words
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 
 WINDOWS = {"gpt-4o-4k": 4096, "gpt-4o-8k": 8192, "gpt-4o-16k": 16384}
 IMAGE = {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}  # 765 by the proxy

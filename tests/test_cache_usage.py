@@ -22,7 +22,7 @@ from proxy.sessions.cache_usage import CacheFigures, CacheLedger, CacheUsage
 from proxy.sessions.store import MemoryStore
 from proxy.upstream.client import UpstreamClient
 from tests.conversations import words
-from tests.fake_anthropic import FakeAnthropic
+from tests.fakes.anthropic import FakeAnthropic
 from tests.harness import ADMIN_TOKEN, MODEL, SESSION_HEADER, harness
 from tests.servers import proxy_server
 from tests.test_exact_count import KEY, SMALL, config

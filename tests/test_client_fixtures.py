@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from proxy.config import loads
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_upstream import RECORDING_KEY, FakeUpstream
+from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.openai import RECORDING_KEY, FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CLIENTS = Path(__file__).resolve().parent / "data/clients"

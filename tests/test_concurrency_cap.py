@@ -14,7 +14,7 @@ import pytest
 from proxy.dialects import DIALECTS, Dialect
 from proxy.errors import Overloaded
 from tests.conftest import ConfigFactory, metric
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"

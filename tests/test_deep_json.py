@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.dialects.json_checks import MAX_DEPTH
 from tests.conftest import examples
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread
 
 CHAT = "/v1/chat/completions"

@@ -24,9 +24,9 @@ from proxy.config.egress import (
 from proxy.upstream.connect import EgressRefused
 from proxy.upstream.pool import Pool
 from tests.egress_proxy import EgressProxy as LoopbackProxy
-from tests.fake_hook import FakeHook
+from tests.fakes.hook import FakeHook
+from tests.fakes.scripted import TLS, Request, ScriptedUpstream, response, server_tls
 from tests.harness import harness
-from tests.scripted import TLS, Request, ScriptedUpstream, response, server_tls
 from tests.servers import proxy_server
 from tests.test_hooks import PRE
 from tests.test_http1 import get, keep_answering, serving

@@ -18,7 +18,7 @@ from proxy.dialects.anthropic.messages import COUNT_FIELDS, Messages
 from proxy.models.limits import ModelLimits
 from tests.conftest import merged, metric
 from tests.conversations import words
-from tests.fake_anthropic import FakeAnthropic
+from tests.fakes.anthropic import FakeAnthropic
 from tests.servers import ServerThread, proxy_server
 
 KEY = "sk-ant-api03-test"

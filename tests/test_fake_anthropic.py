@@ -12,8 +12,8 @@ import orjson
 import pytest
 import tiktoken
 
-from tests.fake_anthropic import FakeAnthropic, scaled
-from tests.fake_upstream import SUMMARY_PROMPT_PREFIX, Scripted, default_summary
+from tests.fakes.anthropic import FakeAnthropic, scaled
+from tests.fakes.openai import SUMMARY_PROMPT_PREFIX, Scripted, default_summary
 
 KEY = "sk-ant-test"
 MODEL = "claude-fake-sonnet"  # not in the SDK's deprecation or thinking warning lists

@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.fake_gemini import FakeGemini
+from tests.fakes.gemini import FakeGemini
 
 KEY = "gk-fake"
 USER = {"role": "user", "parts": [{"text": "Weather in Paris?"}]}

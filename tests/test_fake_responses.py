@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import examples
-from tests.fake_upstream import (
+from tests.fakes.openai import (
     ENCRYPTED_TOKENS,
     REASONING_TOKENS,
     ApiError,
@@ -27,7 +27,7 @@ from tests.fake_upstream import (
     count_prompt_tokens,
     reply_text,
 )
-from tests.fake_upstream.responses_input import check_pairs
+from tests.fakes.openai.responses_input import check_pairs
 
 WINDOWS = {"gpt-4o-mini": 128_000, "small-8k": 8192, "gpt-5-small": 8192}
 RESPONSES = "/v1/responses"

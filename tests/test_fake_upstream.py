@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import examples
-from tests.fake_upstream import (
+from tests.fakes.openai import (
     ApiError,
     FakeUpstream,
     check_window,
@@ -797,7 +797,7 @@ async def test_concurrent_requests_are_all_recorded(up: FakeUpstream) -> None:
 @pytest.mark.subprocess
 def test_command_line_serves_until_stopped() -> None:
     with subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_upstream", "--port", "0", "--window", "tiny=100"],
+        [sys.executable, "-m", "tests.fakes.openai", "--port", "0", "--window", "tiny=100"],
         cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,
         text=True,

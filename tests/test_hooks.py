@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import policies
-from tests.fake_hook import FakeHook, closed_port_url
+from tests.fakes.hook import FakeHook, closed_port_url
 from tests.harness import Harness, harness, prepare_ahead
 from tests.test_summarizer import NO_PREPARE, released
 

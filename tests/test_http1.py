@@ -19,7 +19,7 @@ from proxy.upstream import http1
 from proxy.upstream.connect import ConnectFailed
 from proxy.upstream.http1 import _HIGH_WATER, MAX_HEAD, BadAnswer, Disconnected, Response
 from proxy.upstream.pool import Pool, Progress
-from tests.scripted import TLS, server_tls
+from tests.fakes.scripted import TLS, server_tls
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

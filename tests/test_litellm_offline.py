@@ -30,8 +30,8 @@ import openai
 from proxy.server.app import create_app
 from proxy.server.runner import server_config
 from tests.litellm_fakes import CLAUDE, GEMINI, litellm_config
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_gemini import FakeGemini
+from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.gemini import FakeGemini
 from tests.servers import ServerThread
 
 from proxy.upstream.litellm_setup import load_litellm

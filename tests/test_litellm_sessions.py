@@ -14,7 +14,7 @@ import pytest
 from policies.plan import SUMMARY_HEADING
 from tests.conftest import metric
 from tests.conversations import words
-from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
+from tests.fakes.openai import SUMMARY_PROMPT_PREFIX
 from tests.litellm_fakes import (
     CLAUDE,
     GEMINI,

@@ -24,7 +24,7 @@ from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
 from proxy.models.tokens import counter_for
 from tests.conftest import examples
 from tests.conversations import words as plain_words
-from tests.fake_anthropic import AnthropicError, FakeAnthropic
+from tests.fakes.anthropic import AnthropicError, FakeAnthropic
 from tests.test_raw_items import written
 
 MESSAGES = Messages()

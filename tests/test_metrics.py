@@ -21,7 +21,7 @@ from proxy.models.catalog import ModelCatalog
 from proxy.observability import metrics
 from proxy.observability.labels import MAX_MODELS, OTHER, ModelLabels
 from tests.conftest import ConfigFactory, examples, metric
-from tests.fake_upstream import FakeUpstream, count_prompt_tokens
+from tests.fakes.openai import FakeUpstream, count_prompt_tokens
 from tests.harness import harness
 from tests.servers import ServerThread, proxy_server
 

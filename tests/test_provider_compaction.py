@@ -32,8 +32,8 @@ from proxy.errors import InvalidRequest
 from proxy.server.provider_compaction import ACTION, may_hold_items
 from tests.codex import Codex, codex_servers, echoed
 from tests.conftest import config_for, examples, metric
-from tests.fake_hook import FakeHook
-from tests.fake_upstream import FakeUpstream, is_summary_request
+from tests.fakes.hook import FakeHook
+from tests.fakes.openai import FakeUpstream, is_summary_request
 from tests.redis_servers import wait_for
 from tests.servers import ServerThread, proxy_server
 

@@ -16,7 +16,7 @@ import redis
 
 from proxy.observability.logs import JsonFormatter
 from tests.conftest import SDK, ConfigFactory, metric
-from tests.fake_upstream import (
+from tests.fakes.openai import (
     FakeUpstream,
     count_prompt_tokens,
     is_summary_request,

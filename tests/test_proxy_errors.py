@@ -22,7 +22,7 @@ from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import UpstreamResponse
 from proxy.upstream.client import UpstreamClient
 from tests.conftest import ConfigFactory, captured, config_for, examples, metric
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"

@@ -19,8 +19,8 @@ from proxy.dialects.json_checks import MAX_DEPTH
 from proxy.sessions.sessions import session_key
 from tests.conftest import merged, metric
 from tests.conversations import words
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_upstream import BEHAVIOR_HEADER, FakeUpstream
+from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.openai import BEHAVIOR_HEADER, FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 KEY = "sk-ant-api03-test"

@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.server.app import create_app
 from tests.conftest import config_for
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import served
 
 HELLO = [{"role": "user", "content": "hi"}]

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tests.conftest import ConfigFactory
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.conftest import ConfigFactory
-from tests.fake_upstream import FakeUpstream, count_prompt_tokens, reply_text
+from tests.fakes.openai import FakeUpstream, count_prompt_tokens, reply_text
 from tests.servers import ServerThread, proxy_server
 
 CHAT = "/v1/chat/completions"

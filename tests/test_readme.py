@@ -31,7 +31,7 @@ import yaml
 
 from proxy.config import load, loads
 from tests.conftest import merged
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 ROOT = Path(__file__).resolve().parent.parent

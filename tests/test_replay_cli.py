@@ -28,7 +28,7 @@ from proxy.tools.recordings import Recorded, client_requests, joined
 from proxy.tools.replay import Replay, Totals, with_window
 from tests.conftest import examples
 from tests.conversations import TRACES, conversations, load_traces
-from tests.fake_upstream import FakeUpstream, is_summary_request
+from tests.fakes.openai import FakeUpstream, is_summary_request
 from tests.harness import ADMIN_TOKEN, harness
 from tests.replay import MAX_TOKENS, WINDOWS, replay, replay_servers, stability
 

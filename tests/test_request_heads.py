@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from tests.conftest import ConfigFactory
-from tests.fake_upstream import FakeUpstream
-from tests.scripted import Request, ScriptedUpstream, chunk, event, stream_head
+from tests.fakes.openai import FakeUpstream
+from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, stream_head
 from tests.served import served
 from tests.servers import ServerThread, proxy_server
 

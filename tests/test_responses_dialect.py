@@ -38,8 +38,8 @@ from proxy.memo import content_keys
 from proxy.models.tokens import counter_for
 from tests.conftest import examples
 from tests.conversations import words
-from tests.fake_upstream import validate_responses
-from tests.fake_upstream.responses_input import check_pairs
+from tests.fakes.openai import validate_responses
+from tests.fakes.openai.responses_input import check_pairs
 from tests.test_raw_items import written
 
 DIALECT = Responses()

@@ -18,7 +18,7 @@ import websockets.http11
 
 from proxy.observability.logs import JsonFormatter
 from tests.conftest import SDK, ConfigFactory, captured, metric
-from tests.fake_upstream import FakeUpstream, count_input_tokens, is_summary_request, reply_text
+from tests.fakes.openai import FakeUpstream, count_input_tokens, is_summary_request, reply_text
 from tests.servers import ServerThread, proxy_server
 from tests.test_fake_responses import sse_events
 from tests.test_proxy_chat import check_compaction_headers

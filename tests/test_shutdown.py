@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
+from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
 from tests.served import served
 
 pytestmark = pytest.mark.subprocess

@@ -16,7 +16,7 @@ import pytest
 from policies import Chain
 from proxy.sessions.state import SessionState
 from tests.conftest import captured
-from tests.fake_upstream import ApiError, check_window
+from tests.fakes.openai import ApiError, check_window
 from tests.harness import (
     MODEL,
     NO_DASHBOARD,

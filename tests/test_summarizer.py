@@ -17,7 +17,7 @@ from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from policies.summary import TAIL_HEADING
 from proxy.compaction.summarizer import SYSTEM_PROMPT
 from tests.conversations import words
-from tests.fake_upstream import SUMMARY_PROMPT_PREFIX
+from tests.fakes.openai import SUMMARY_PROMPT_PREFIX
 from tests.harness import (
     MODEL,
     SESSION_HEADER,

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.conftest import config_for, metric
-from tests.fake_upstream import FakeUpstream
+from tests.fakes.openai import FakeUpstream
 from tests.harness import MODEL, WINDOW, Conversation, Summaries
 from tests.servers import ServerThread, proxy_server
 

@@ -18,7 +18,7 @@ import yaml
 
 from proxy.config import Config, loads
 from tests.conftest import metric
-from tests.scripted import (
+from tests.fakes.scripted import (
     Request,
     Script,
     ScriptedUpstream,

@@ -51,8 +51,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.fake_upstream import SUMMARY_PROMPT_PREFIX, RecordedRequest, count_text, digest
-from tests.fake_upstream.common import sample_arguments
+from tests.fakes.openai import SUMMARY_PROMPT_PREFIX, RecordedRequest, count_text, digest
+from tests.fakes.openai.common import sample_arguments
 from tests.servers import ServerThread
 
 IMAGE_TOKENS, PART_TOKENS = 258, 3  # an image; each part's framing

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fake_upstream.common import FakeServer
+from tests.fakes.openai.common import FakeServer
 
 
 class FakeHook(FakeServer):

@@ -79,7 +79,7 @@ other requests by the ``script`` when one is set (a ``Scripted`` tool_use or tex
 OpenAI fake). ``up.answered`` keeps the usage of every answer, ``up.rejected`` counts the
 errors. The cache clock is ``time.monotonic()`` plus what ``up.advance(seconds)`` added.
 
-``python -m tests.fake_anthropic --port 8002 --window claude-small=8192`` serves it until Ctrl-C.
+``python -m tests.fakes.anthropic --port 8002 --window claude-small=8192`` serves it until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ import orjson
 import tiktoken
 from aiohttp import web
 
-from tests.fake_upstream import (  # importing it also points tiktoken at its offline files
+from tests.fakes.openai import (  # importing it also points tiktoken at its offline files
     BEHAVIOR_HEADER,
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
@@ -119,7 +119,7 @@ from tests.fake_upstream import (  # importing it also points tiktoken at its of
     default_summary,
     reply_text,
 )
-from tests.fake_upstream import parse_behavior as _parse_behavior
+from tests.fakes.openai import parse_behavior as _parse_behavior
 
 __all__ = [
     "BEHAVIOR_HEADER",

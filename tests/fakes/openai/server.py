@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fake_upstream import chat, responses
-from tests.fake_upstream.common import (
+from tests.fakes.openai import chat, responses
+from tests.fakes.openai.common import (
     BEHAVIOR_HEADER,
     PARSE_ERROR,
     SERVER_ERROR,
@@ -32,7 +32,7 @@ from tests.fake_upstream.common import (
     missing,
     parse_behavior,
 )
-from tests.fake_upstream.responses_input import Memory
+from tests.fakes.openai.responses_input import Memory
 
 _STATUS_ERRORS: dict[int, tuple[str, str, str | None]] = {
     401: ("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),

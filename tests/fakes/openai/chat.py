@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from tests.fake_upstream.common import (
+from tests.fakes.openai.common import (
     PARSE_ERROR,
     bad,
     call_id,
@@ -31,7 +31,7 @@ from tests.fake_upstream.common import (
 )
 
 if TYPE_CHECKING:
-    from tests.fake_upstream.server import FakeUpstream
+    from tests.fakes.openai.server import FakeUpstream
 
 _ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 

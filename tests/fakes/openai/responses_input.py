@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tests.fake_upstream.common import (
+from tests.fakes.openai.common import (
     PARSE_ERROR,
     ApiError,
     bad,

@@ -1,11 +1,11 @@
-"""``python -m tests.fake_upstream --port 8001 --window small-8k=8192``: serve until Ctrl-C."""
+"""``python -m tests.fakes.openai --port 8001 --window small-8k=8192``: serve until Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
 import threading
 
-from tests.fake_upstream.server import FakeUpstream
+from tests.fakes.openai.server import FakeUpstream
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from tests.fake_upstream.common import (
+from tests.fakes.openai.common import (
     ApiError,
     Scripted,
     bad,
@@ -90,7 +90,7 @@ from tests.fake_upstream.common import (
     sample_arguments,
     text_of,
 )
-from tests.fake_upstream.responses_input import (
+from tests.fakes.openai.responses_input import (
     ENCRYPTED_TOKENS,
     Memory,
     check_pairs,
@@ -108,7 +108,7 @@ from tests.fake_upstream.responses_input import (
 )
 
 if TYPE_CHECKING:
-    from tests.fake_upstream.server import FakeUpstream
+    from tests.fakes.openai.server import FakeUpstream
 
 REASONING_TOKENS = 64  # what a reasoning model thinks, in output tokens, before it answers
 OVERFLOW = (

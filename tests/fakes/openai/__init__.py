@@ -28,18 +28,18 @@ Responses ``instructions``, starting with ``SUMMARY_PROMPT_PREFIX``) are answere
 ``summarizer`` hook: a string is the reply, None an empty reply, an Exception (returned or raised)
 a 500.
 
-``python -m tests.fake_upstream --port 8001 --window small-8k=8192`` (from the repository root)
+``python -m tests.fakes.openai --port 8001 --window small-8k=8192`` (from the repository root)
 serves it until interrupted.
 """
 
-from tests.fake_upstream.chat import (
+from tests.fakes.openai.chat import (
     check_window,
     count_prompt,
     count_prompt_tokens,
     max_output,
     validate_chat,
 )
-from tests.fake_upstream.common import (
+from tests.fakes.openai.common import (
     BEHAVIOR_HEADER,
     IMAGE_TOKENS,
     RECORDING_KEY,
@@ -62,14 +62,14 @@ from tests.fake_upstream.common import (
     reply_text,
     text_of,
 )
-from tests.fake_upstream.responses import REASONING_TOKENS
-from tests.fake_upstream.responses_input import (
+from tests.fakes.openai.responses import REASONING_TOKENS
+from tests.fakes.openai.responses_input import (
     ENCRYPTED_TOKENS,
     count_input_tokens,
     is_reasoning,
     validate_responses,
 )
-from tests.fake_upstream.server import FakeUpstream
+from tests.fakes.openai.server import FakeUpstream
 
 __all__ = [
     "BEHAVIOR_HEADER",
