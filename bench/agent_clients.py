@@ -7,7 +7,7 @@ scripts/agents-e2e.sh); docs/agents-e2e.md tells the whole of it.
     .venv/bin/python bench/agent_clients.py --clients .agents/node_modules/.bin \\
         --client claude --iterations 12 --subagent-at 5 --fixtures tests/data/clients
 
-For each client: a fake of its API on loopback (tests/fake_upstream for Codex's Responses
+For each client: a fake of its API on loopback (tests/fakes/openai for Codex's Responses
 requests, tests/fakes/anthropic.py for Claude Code's Messages) whose model is scripted
 (bench/agent_model.py): it makes the client run `cat logs/step-NN.log` with its own shell tool
 for N iterations, each log a few KB with a fact in the middle, then answer. The proxy, with a

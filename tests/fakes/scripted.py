@@ -23,7 +23,7 @@ from typing import Self
 
 # A self-signed certificate for localhost and 127.0.0.1: a client trusts it when its
 # SSL_CERT_FILE is TLS / "cert.pem".
-TLS = Path(__file__).parent / "data" / "tls"
+TLS = Path(__file__).parent.parent / "data" / "tls"
 
 
 @dataclasses.dataclass(frozen=True)
