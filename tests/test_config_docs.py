@@ -45,6 +45,8 @@ def sections() -> dict[str, dict[str, Any]]:
     del upstream["timeouts"]  # documented key by key
     policy = defaults(schema.Policy) | defaults(policies.Policy)
     del policy["compaction"]  # the engine's keys, flat in a policy (policies.Policy)
+    admin = defaults(schema.Admin)
+    del admin["dashboard"]  # documented key by key
     found = {
         "listen": defaults(schema.Listen),
         "store": defaults(schema.Store),
@@ -56,7 +58,7 @@ def sections() -> dict[str, dict[str, Any]]:
         "summarizer": defaults(schema.Summarizer),
         "exact_count": defaults(schema.ExactCount),
         "routes": defaults(schema.Route),
-        "admin": defaults(schema.Admin),
+        "admin": admin | defaults(schema.Dashboard, "dashboard."),
         "compaction_items": defaults(schema.CompactionItems),
         "hooks": defaults(schema.Hooks),
         "hook": defaults(schema.Hook),
@@ -119,6 +121,8 @@ def same(written: str, default: Any) -> bool:
     if isinstance(default, int | float):
         number = isinstance(parsed, int | float) and not isinstance(parsed, bool)
         return number and math.isclose(parsed, default)
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return bool(parsed == dataclasses.asdict(default))
     return bool(parsed == (list(default) if isinstance(default, tuple) else default))
 
 
