@@ -13,12 +13,14 @@
     ├── ChartError            a replay's chart cannot be drawn (proxy.chart)
     ├── AdminCallFailed       `compaction-proxy sessions` got no good answer (proxy.admin_client)
     └── APIError              what a client sees: a status and an error in its API's shape
-        ├── InvalidRequest        400  (ContextLengthExceeded: 400 context_length_exceeded)
+        ├── InvalidRequest        400  (ContextLengthExceeded: 400 context_length_exceeded;
+        │                              PreviousResponseNotFound: 400 previous_response_not_found,
+        │                              a WebSocket's continuation the proxy cannot rebuild)
         ├── Unauthorized          401
         ├── Forbidden             403  the dashboard's checks on a request without the token
         ├── NotFound              404
         ├── BodyTooLarge          413
-        ├── UpgradeRequired       426  a WebSocket upgrade: the proxy speaks HTTP only
+        ├── UpgradeRequired       426  a WebSocket upgrade the proxy does not serve
         ├── Overloaded            429  listen.max_concurrent_requests are already in flight
         ├── HeadTooLarge          431  refused by the server's protocol, before any route
         ├── UpstreamUnreachable   502
@@ -90,6 +92,13 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class PreviousResponseNotFound(InvalidRequest):
+    """A WebSocket's request continues a response that its connection does not hold: Codex
+    then reconnects and sends the whole input."""
+
+    code = "previous_response_not_found"
+
+
 class Unauthorized(APIError):
     status_code, error_type, code = 401, "invalid_request_error", "invalid_api_key"
 
@@ -107,7 +116,9 @@ class BodyTooLarge(APIError):
 
 
 class UpgradeRequired(APIError):
-    """A WebSocket upgrade, answered with 426: the client is to send its request over HTTP."""
+    """A WebSocket upgrade the proxy does not serve (a path other than the Responses API's, or
+    `listen.websockets: false`), answered with 426: the client is to send its request over
+    HTTP."""
 
     status_code, error_type, code = 426, "invalid_request_error", "websocket_unsupported"
 

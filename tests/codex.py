@@ -9,6 +9,8 @@ content.
     with codex_servers(anchors=[ANCHOR]) as (up, server):
         agent = Codex(server.url, up)
         turn = agent.send(tool_choice="required")
+
+`SocketCodex` holds the same session over a WebSocket, as Codex's built-in provider does.
 """
 
 from __future__ import annotations
@@ -132,12 +134,15 @@ class Codex:
                 final = event.response
         output = [item.model_dump(mode="json", exclude_unset=True) for item in final.output]
         self.input += [echoed(item) for item in output] if self.stateless else output
-        forwarded = [
+        return Turn(raw.http_response.status_code, raw.headers, output, self.forwarded(seen))
+
+    def forwarded(self, seen: int) -> list[Item]:
+        """The bodies of the Responses requests forwarded since the upstream had `seen`."""
+        return [
             r.json
             for r in self.up.requests[seen:]
             if r.path == RESPONSES and not is_summary_request(r.headers, r.json)
         ]
-        return Turn(raw.http_response.status_code, raw.headers, output, forwarded)
 
     def said(self, text: str) -> None:
         self.input.append({"role": "user", "content": [{"type": "input_text", "text": text}]})
@@ -148,6 +153,51 @@ class Codex:
         self.input.append(
             {"type": "function_call_output", "call_id": call["call_id"], "output": output}
         )
+
+
+class SocketCodex(Codex):
+    """The same session over a WebSocket, as Codex's built-in provider holds it: one
+    connection, whose first request is a warm-up (`generate: false`, no input) and each next
+    one continues the last response (`previous_response_id`) with the items added since. Its
+    turns have no headers: a WebSocket answer has none."""
+
+    def __init__(self, url: str, up: FakeUpstream, *, model: str = MODEL) -> None:
+        super().__init__(url, up, model=model)
+        beta = {"OpenAI-Beta": "responses_websockets=2026-02-06"}
+        self.connection = self.client.responses.connect(extra_headers=beta, max_retries=0).enter()
+        self.previous: str | None = None  # the last response
+        self.known = 0  # the items of `input` its history holds
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.close()
+        super().__exit__()
+
+    def send(self, **extra: Any) -> Turn:
+        """The items added since the last response, continuing it; the answer's items are
+        added to the history whole, as Codex keeps them."""
+        seen = len(self.up.requests)
+        if self.previous is not None:
+            extra["previous_response_id"] = self.previous
+        self.connection.response.create(
+            model=self.model,
+            instructions=INSTRUCTIONS,
+            input=self.input[self.known :],
+            tools=[SHELL],
+            store=False,
+            include=["reasoning.encrypted_content"],
+            prompt_cache_key=self.session,
+            **extra,
+        )
+        for event in self.connection:
+            if event.type == "error":
+                return Turn(event.status, {}, [], self.forwarded(seen))
+            if event.type in ("response.completed", "response.incomplete"):
+                break
+        final: Any = event.response
+        output = [item.model_dump(mode="json", exclude_unset=True) for item in final.output]
+        self.input += output
+        self.previous, self.known = final.id, len(self.input)
+        return Turn(200, {}, output, self.forwarded(seen))
 
 
 def echoed(item: Item) -> Item:

@@ -41,6 +41,8 @@ listen:
   max_concurrent_requests: 64
   shutdown_delay_seconds: 2.5
   shutdown_grace_seconds: 10
+  websockets: false
+  websocket_history_bytes: 1000000
 store:
   url: redis://:${{CP_TEST_REDIS_PASSWORD}}@127.0.0.1:6379/2
   ttl_seconds: 3600
@@ -157,6 +159,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert listen.max_concurrent_requests == 64
     assert (listen.max_head_bytes, listen.max_header_fields) == (16384, 50)
     assert (listen.shutdown_delay_seconds, listen.shutdown_grace_seconds) == (2.5, 10.0)
+    assert (listen.websockets, listen.websocket_history_bytes) == (False, 1000000)
     assert config.store.url == f"redis://:{secrets['CP_TEST_REDIS_PASSWORD']}@127.0.0.1:6379/2"
     assert (config.store.fail_open, config.store.max_branches, config.store.key_prefix) == (
         False,
@@ -355,6 +358,10 @@ def problems(text: str) -> list[str]:
         (
             MINIMAL + "listen:\n  shutdown_grace_seconds: -1\n",
             "listen.shutdown_grace_seconds (<config>, line 5): must not be negative",
+        ),
+        (
+            MINIMAL + "listen:\n  websocket_history_bytes: -1\n",
+            "listen.websocket_history_bytes (<config>, line 5): must not be negative",
         ),
         (
             "upstreams:\n  fake:\n    base_url: ftp://x/v1\n",

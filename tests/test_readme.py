@@ -261,10 +261,11 @@ def test_yaml_example_is_a_config_the_proxy_loads(
     assert set(example["upstreams"]) <= set(config.upstreams)
 
 
-def test_codex_example_names_the_proxy_as_a_responses_provider() -> None:
-    [block] = blocks("toml")
-    settings = tomllib.loads(block.text)
-    provider = settings["model_providers"][settings["model_provider"]]
+def test_codex_examples_point_codex_at_the_proxy() -> None:
+    """The built-in provider at the proxy, and a Responses provider of its own."""
+    built_in, own = (tomllib.loads(block.text) for block in blocks("toml"))
+    assert built_in["openai_base_url"] == f"{ADDRESS}/v1"
+    provider = own["model_providers"][own["model_provider"]]
     assert provider["base_url"] == f"{ADDRESS}/v1"
     assert provider["wire_api"] == "responses"
 

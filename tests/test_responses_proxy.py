@@ -1,11 +1,9 @@
 """/v1/responses through the proxy with the real openai SDK: answers, bytes, headers, errors,
-the reactive retry for both overflow forms, history held upstream, /v1/responses/compact and the
-WebSocket refusal."""
+the reactive retry for both overflow forms, history held upstream and /v1/responses/compact
+(over a WebSocket: test_responses_socket)."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import re
 import time
 from typing import Any
@@ -13,11 +11,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import websockets
-import websockets.http11
 
-from proxy.observability.logs import JsonFormatter
-from tests.conftest import SDK, ConfigFactory, captured, metric
+from tests.conftest import SDK, ConfigFactory, metric
 from tests.fakes.openai import FakeUpstream, count_input_tokens, is_summary_request, reply_text
 from tests.servers import ServerThread, proxy_server
 from tests.test_fake_responses import sse_events
@@ -213,37 +208,6 @@ def test_compact_is_passed_through_untouched(
     assert upstream.compact_calls == 1
     assert upstream.requests[-1].path == "/v1/responses/compact"
     assert upstream.requests[-1].body == sent[-1].content
-
-
-def test_a_websocket_upgrade_is_answered_426_counted_and_logged(
-    http: httpx.Client, server: ServerThread, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Codex CLI falls back to HTTP at once only on a 426; any other refusal it retries."""
-
-    async def connect() -> websockets.http11.Response:
-        url = server.url.replace("http://", "ws://") + RESPONSES
-        headers = {"Authorization": "Bearer sk-ws-secret"}
-        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
-            async with websockets.connect(url, additional_headers=headers, open_timeout=5):
-                pass
-        return refused.value.response
-
-    refusals = {"status": "426", "reason": "websocket_unsupported"}
-    before = metric(http, server, "compaction_proxy_refusals_total", **refusals)
-    caplog.set_level(logging.INFO, logger="compaction_proxy")
-    started = time.monotonic()
-    with captured(caplog):
-        response = asyncio.run(connect())
-    assert time.monotonic() - started < 2
-    assert response.status_code == 426
-    assert "upgrade" not in {name.lower() for name in response.headers}
-    error = orjson.loads(response.body)["error"]
-    assert error["code"] == "websocket_unsupported" and "HTTP only" in error["message"]
-    record = next(r for r in caplog.records if r.getMessage() == "websocket upgrade refused")
-    line = JsonFormatter().format(record)
-    assert orjson.loads(line)["path"] == RESPONSES
-    assert "sk-ws-secret" not in line
-    assert metric(http, server, "compaction_proxy_refusals_total", **refusals) == before + 1
 
 
 def test_codex_names_its_session(http: httpx.Client, server: ServerThread) -> None:

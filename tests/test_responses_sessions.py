@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
+from typing import Any
 
 import httpx
+import pytest
 
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
 from proxy.compaction.summarizer import SUMMARY_HEADER, SYSTEM_PROMPT
@@ -19,15 +22,17 @@ from tests.codex import (
     REASONING_HEADROOM,
     SHELL,
     Codex,
+    SocketCodex,
     Turn,
     codex_servers,
     summary_requests,
 )
-from tests.conftest import metric
+from tests.conftest import captured, metric
 from tests.conversations import ANCHOR, words
 
 ORDERS = [f"ORDER-{1000 + i}" for i in range(6)]
 ITERATIONS = 40
+SOCKET_ITERATIONS = 32
 
 
 def result(i: int) -> str:
@@ -94,6 +99,50 @@ def test_a_40_iteration_agent_loop_at_16k_with_encrypted_reasoning() -> None:
     assert share >= 0.5
     assert inspect["branches"] and inspect["decisions"]
     assert cached > 0
+
+
+def shape(item: dict[str, Any]) -> tuple[Any, ...]:
+    """An item but for what an answer makes anew: its type, role, content or output."""
+    return item.get("type"), item.get("role"), item.get("content"), item.get("output")
+
+
+def forwarded_actions(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the proxy did to each request it forwarded, as it logged it (each record once: the
+    logger may also propagate to caplog)."""
+    records = dict.fromkeys(r for r in caplog.records if r.getMessage() == "request forwarded")
+    return [r.action for r in records]  # type: ignore[attr-defined]
+
+
+def test_the_loop_over_a_websocket_compacts_as_it_does_over_http(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Codex's built-in provider: a warm-up, then each request with only its new items; the
+    proxy rebuilds the whole history and compacts it as it would the same POSTs."""
+    caplog.set_level(logging.INFO, logger="compaction_proxy")
+    runs = {}
+    for kind in (Codex, SocketCodex):
+        caplog.clear()
+        with codex_servers(anchors=[ANCHOR]) as (up, server), captured(caplog):
+            with kind(server.url, up) as agent:
+                if isinstance(agent, SocketCodex):
+                    assert agent.send(generate=False).forwarded == []
+                agent.said("Fix the failing booking tests.")
+                turns = [agent.send(tool_choice="required")]
+                for i in range(SOCKET_ITERATIONS):
+                    agent.answer(result(i))
+                    turns.append(agent.send(tool_choice="required"))
+            rejected = up.rejected
+        runs[kind] = (turns, forwarded_actions(caplog))
+        # Not one request rejected: each reached the upstream once and was answered.
+        assert rejected == 0
+        assert all(t.status == 200 and len(t.forwarded) == 1 for t in turns)
+    (http_turns, http_actions), (socket_turns, socket_actions) = runs.values()
+    assert socket_actions == http_actions
+    assert sum(a in ("compacted", "degraded") for a in socket_actions) >= 2
+    # The upstream got the same conversations, but for what each answer made anew (ids, call
+    # ids, encrypted reasoning) and what the socket kept whole (the items' ids and status).
+    for over_http, over_socket in zip(http_turns, socket_turns, strict=True):
+        assert list(map(shape, over_socket.sent)) == list(map(shape, over_http.sent))
 
 
 def test_an_agents_sdk_loop_with_stored_items_sent_by_id() -> None:

@@ -4,6 +4,7 @@ in-flight requests finish within the grace period, endless ones are ended, and t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import subprocess
@@ -11,9 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
 import pytest
+import websockets
 
 from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
 from tests.served import served
@@ -23,10 +27,14 @@ pytestmark = pytest.mark.subprocess
 DELAY, GRACE = 1.0, 2.0
 FINITE_EVENTS, EVENT_SECONDS = 6, 0.2  # a stream that ends within the grace period
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+COMPLETED = '{"type": "response.completed", "response": {"id": "resp_1", "output": []}}'
+CREATE = '{"type": "response.create", "model": "gpt-4o-mini", "input": "hi", "store": false}'
+BETA = {"OpenAI-Beta": "responses_websockets=2026-02-06"}
 
 
 async def streams(request: Request, writer: asyncio.StreamWriter) -> bool:
-    """`x-act: finite` a stream that ends, `endless` one that never does, else a quick answer."""
+    """`x-act: finite` a stream that ends, `endless` one that never does, else a quick answer.
+    A Responses stream ends with `response.completed`, any other with `[DONE]`."""
     act = request.headers.get("x-act")
     if act is None:
         writer.write(response(200))
@@ -35,10 +43,11 @@ async def streams(request: Request, writer: asyncio.StreamWriter) -> bool:
     n = 0
     while act == "endless" or n < FINITE_EVENTS:
         n += 1
-        writer.write(event(f'{{"n": {n}}}'))
+        writer.write(event(f'{{"type": "response.output_text.delta", "n": {n}}}'))
         await writer.drain()
         await asyncio.sleep(EVENT_SECONDS)
-    writer.write(event("[DONE]") + chunk(b""))
+    end = COMPLETED if request.path.endswith("/responses") else "[DONE]"
+    writer.write(event(end) + chunk(b""))
     return True
 
 
@@ -128,3 +137,56 @@ def test_sigterm_drains_then_ends_what_is_left_and_exits_0(
     assert process.returncode == 0, err
     assert b"Traceback" not in err
     assert time.monotonic() - signalled < DELAY + GRACE + 3
+
+
+async def socket_events(ws: websockets.ClientConnection) -> tuple[list[dict[str, Any]], float]:
+    """Every event `ws` gets until it is closed, and when it was."""
+    events = []
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            events.append(orjson.loads(await ws.recv()))
+    return events, time.monotonic()
+
+
+def test_sigterm_lets_a_websockets_answer_finish_then_closes_it(
+    proxy: tuple[subprocess.Popen[bytes], str, ScriptedUpstream],
+) -> None:
+    """An idle WebSocket is closed when the listener is, one whose answer is under way once
+    the answer is over; one still under way when the grace period is over gets an error."""
+    process, url, _ = proxy
+    ws_url = url.replace("http://", "ws://") + "/v1/responses"
+
+    async def run() -> tuple[Any, ...]:
+        def connect(act: str | None = None) -> Any:
+            acted = {"x-act": act} if act else {}
+            return websockets.connect(ws_url, additional_headers={**BETA, **acted})
+
+        async with connect() as idle, connect("finite") as busy, connect("endless") as endless:
+            await endless.send(CREATE)
+            assert orjson.loads(await endless.recv())["n"] == 1
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            # An answer that starts during the delay runs past it, within the grace period.
+            await asyncio.sleep(DELAY / 2)
+            await busy.send(CREATE)
+            return (
+                signalled,
+                *await asyncio.gather(
+                    socket_events(idle), socket_events(busy), socket_events(endless)
+                ),
+                (idle.close_code, busy.close_code, endless.close_code),
+            )
+
+    signalled, (idle, idle_at), (busy, busy_at), (endless, endless_at), codes = asyncio.run(run())
+    assert idle == []
+    assert DELAY - 0.1 <= idle_at - signalled < DELAY + 1
+    assert [e["type"] for e in busy][-1] == "response.completed"
+    assert len(busy) == FINITE_EVENTS + 1
+    assert idle_at + 0.2 < busy_at < signalled + DELAY + GRACE
+    assert endless[-1]["type"] == "error"
+    assert (endless[-1]["status"], endless[-1]["error"]["code"]) == (503, "proxy_shutting_down")
+    assert DELAY + GRACE - 0.3 <= endless_at - signalled < DELAY + GRACE + 2
+    assert codes == (1012, 1012, 1012)  # service restart
+    _, err = process.communicate(timeout=5)
+    assert process.returncode == 0, err
+    assert b"Traceback" not in err

@@ -159,7 +159,7 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         p(("listen", "max_header_fields"), "must be at least 1")
     if config.listen.max_concurrent_requests < 1:
         p(("listen", "max_concurrent_requests"), "must be at least 1")
-    for key in ("shutdown_delay_seconds", "shutdown_grace_seconds"):
+    for key in ("shutdown_delay_seconds", "shutdown_grace_seconds", "websocket_history_bytes"):
         if getattr(config.listen, key) < 0:
             p(("listen", key), "must not be negative")
     try:

@@ -44,6 +44,8 @@ class Listen:
     max_concurrent_requests: int = 512
     shutdown_delay_seconds: float = 5.0
     shutdown_grace_seconds: float = 30.0
+    websockets: bool = True
+    websocket_history_bytes: int = 8 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -296,6 +296,17 @@ class Metrics:
             "Requests being handled now (health, readiness and metrics probes aside).",
             registry=r,
         )
+        self.websockets = Gauge(
+            "compaction_proxy_websockets_open",
+            "WebSocket connections to the Responses API open now.",
+            registry=r,
+        )
+        self.websocket_histories_dropped = Counter(
+            "compaction_proxy_websocket_histories_dropped",
+            "Histories a WebSocket connection did not keep, over listen.websocket_history_bytes:"
+            " the next request that continues one is answered previous_response_not_found.",
+            registry=r,
+        )
         self.summaries = Counter(
             "compaction_proxy_summaries",
             "Summarizer calls by outcome.",

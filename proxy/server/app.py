@@ -37,6 +37,7 @@ from proxy.server.handler import Handler
 from proxy.server.passthrough import Passthrough, not_found
 from proxy.server.probes import Probes
 from proxy.server.provider_compaction import COMPACT_PATH, ProviderCompaction
+from proxy.server.responses_socket import ResponsesSocket
 from proxy.server.tenants import Tenants
 from proxy.server.upgrades import websocket_refusal
 from proxy.sessions.cache_usage import CacheLedger
@@ -202,6 +203,11 @@ def create_app(
         Route("/metrics", probes.metrics_endpoint, methods=["GET"]),
         WebSocketRoute("/{path:path}", websocket_refusal(metrics)),
     ]
+    if config.listen.websockets:
+        sockets = ResponsesSocket(
+            responses, proxy.tenants, proxy.gate, metrics, config.listen.websocket_history_bytes
+        )
+        routes.insert(-1, WebSocketRoute(responses.path, sockets))
     admin = Admin(proxy.sessions.failing_closed())
     routes += admin.routes(config.admin.token) + dashboard_routes(config, admin)
     routes.append(route("/{path:path}", not_found, ANY))

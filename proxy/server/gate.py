@@ -4,6 +4,8 @@ for and, once its grace period is over, ends.
 Past `listen.max_concurrent_requests` a request is refused at once, before its body is read,
 with a 429 and `Retry-After` in the error shape of its path's API. The probes (/healthz,
 /readyz, /metrics) are neither refused nor counted: a busy proxy must still say how it is.
+A WebSocket connection is not a request: each request over it comes through the gate as a POST
+(`server.responses_socket`), and `after` tells when the one under way is over.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Gate:
         self._app: ASGIApp | None = None
         self._running: set[asyncio.Task[object]] = set()
         self._ended: set[asyncio.Task[object]] = set()
+        self._then: dict[asyncio.Task[object], Callable[[], object]] = {}
         metrics.in_flight.set_function(lambda: self.in_flight)  # read when scraped
 
     def around(self, app: ASGIApp) -> ASGIApp:
@@ -56,6 +59,14 @@ class Gate:
             self._ended.add(task)
             task.cancel()
         return len(ending)
+
+    def after(self, task: asyncio.Task[object], then: Callable[[], object]) -> bool:
+        """Call `then` once the request that `task` runs is over; false, and nothing done,
+        when it runs none (a WebSocket between two requests)."""
+        if task not in self._running:
+            return False
+        self._then[task] = then
+        return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self._app is not None, "Gate.around was not called"
@@ -92,6 +103,9 @@ class Gate:
         finally:
             self._running.discard(task)
             self._ended.discard(task)
+            then = self._then.pop(task, None)
+            if then is not None:
+                then()
 
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send, error: APIError, retry_after: int = 0

@@ -32,18 +32,7 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
         try:
             return await endpoint(request)
         except APIError as exc:
-            metrics.refused("error", exc)
-            # The proxy's own words only (never a message's text, never a credential).
-            log.log(
-                logging.WARNING if exc.status_code >= 500 else logging.INFO,
-                "request refused",
-                extra={
-                    "status": exc.status_code,
-                    "code": exc.code,
-                    "api": dialect.name,
-                    "reason": exc.message[:300],
-                },
-            )
+            refused(metrics, dialect, exc)
             return dialect.error_response(exc)
         except ClientDisconnect:
             return client_gone(metrics)
@@ -57,3 +46,19 @@ def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> 
             return dialect.error_response(APIError("The proxy failed to handle this request."))
 
     return guarded_endpoint
+
+
+def refused(metrics: Metrics, dialect: Dialect, error: APIError) -> None:
+    """An error of the proxy's own, counted and logged: its own words only (never a
+    message's text, never a credential)."""
+    metrics.refused("error", error)
+    log.log(
+        logging.WARNING if error.status_code >= 500 else logging.INFO,
+        "request refused",
+        extra={
+            "status": error.status_code,
+            "code": error.code,
+            "api": dialect.name,
+            "reason": error.message[:300],
+        },
+    )

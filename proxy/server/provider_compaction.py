@@ -37,9 +37,9 @@ from proxy.compaction.forward import SHADOW_HEADER, shown_action
 from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import Dialect
-from proxy.dialects.json_checks import invalid_type, load_object
+from proxy.dialects.json_checks import load_object
 from proxy.dialects.openai import responses_answers as answers
-from proxy.dialects.openai.responses import HELD_UPSTREAM
+from proxy.dialects.openai.responses import HELD_UPSTREAM, input_items
 from proxy.dialects.openai.responses_compaction import MARKER, CompactionSeal, expand, is_proxy_item
 from proxy.errors import InvalidRequest
 from proxy.observability.metrics import Metrics, RequestLabels
@@ -130,7 +130,7 @@ class ProviderCompaction:
             return await self.relay(request, read.upstream, _UPSTREAM_COMPACT_PATH, read.raw, own)
         served = await self._serve(request, read, read.items)
         self._count("compact", served)
-        answer = answers.compacted(_listed(read.body.get("input")), served.item, served.usage)
+        answer = answers.compacted(input_items(read.body.get("input")), served.item, served.usage)
         return Response(answer, media_type="application/json", headers=served.headers)
 
     def _routed(self, request: Request, raw: bytes) -> _Read:
@@ -138,9 +138,7 @@ class ProviderCompaction:
         headers = request.headers
         tenant = self.tenants.tenant(headers)
         body = load_object(raw)
-        given = body.get("input")
-        if not isinstance(given, list | str | None):
-            raise invalid_type("input", "a string or an array of input items", given)
+        items = input_items(body.get("input"))
         try:
             policy, upstream = self.config.route(
                 self.dialect.name, body["model"], headers.get(self.config.sessions.policy_header)
@@ -148,7 +146,7 @@ class ProviderCompaction:
         except NoRoute as exc:
             raise InvalidRequest(str(exc), param="model") from None
         shadow = self.handler.shadow(headers.get(self.config.sessions.shadow_header), policy)
-        return _Read(raw, body, _listed(given), tenant, policy, upstream, shadow)
+        return _Read(raw, body, items, tenant, policy, upstream, shadow)
 
     def _owner(self, read: _Read) -> str:
         """Whom an item is bound to: the inbound key's id where `auth.keys` names callers (an
@@ -201,7 +199,7 @@ class ProviderCompaction:
         """The answer to a `compaction_trigger`: a completed response whose one output item is
         the compaction item, streamed when the request streams."""
         self._count("trigger", served)
-        response = answers.completed(body, served.item, served.usage)
+        response = answers.completed(body, [served.item], served.usage)
         if not body.get("stream"):
             json = orjson.dumps(response)
             return Response(json, media_type="application/json", headers=served.headers)
@@ -271,13 +269,6 @@ def may_hold_items(raw: bytes) -> bool:
     it holds their markers as such, or a \\u escape of a printable ASCII character (which may
     spell them otherwise)."""
     return (_ITEMS in raw and (MARKER in raw or _TRIGGER in raw)) or _ESCAPE.search(raw) is not None
-
-
-def _listed(given: Any) -> list[Any]:
-    """`input` as a list of items (a string is one user message)."""
-    if isinstance(given, str):
-        return [{"role": "user", "content": given}]
-    return given if isinstance(given, list) else []
 
 
 def _is_trigger(item: Any) -> bool:

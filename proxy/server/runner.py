@@ -7,6 +7,8 @@ signal makes /readyz answer 503 while the proxy goes on accepting for
 listener closes and in-flight requests have `listen.shutdown_grace_seconds` to finish; the
 gate ends those still running (their upstream connections closed), and the process exits 0.
 SIGINT (Ctrl-C) skips the delay; a second signal skips what is left of both waits.
+A WebSocket is closed (1012, service restart) when the listener closes, or, when a request
+of its is under way then, once that is over (`DrainingWebSocket`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from proxy.config import Config, Listen
 from proxy.server.gate import Gate
@@ -47,6 +50,9 @@ def server_config(app: ASGIApp, config: Config, **overrides: object) -> uvicorn.
         "lifespan": "on",
         "http": protocol_for(config.listen),  # httptools', its heads bounded
         "timeout_graceful_shutdown": math.ceil(config.listen.shutdown_grace_seconds) + 5,
+        # A WebSocket's frame is a request body: the same bound (uvicorn closes the
+        # connection, 1009, on a larger one).
+        "ws_max_size": config.listen.max_body_bytes,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)  # type: ignore[arg-type]
@@ -60,6 +66,7 @@ class Server(uvicorn.Server):
         listen: Listen,
         facts: Mapping[str, Any] | None = None,
     ) -> None:
+        config.ws = draining_websockets(gate)
         super().__init__(config)
         self.gate = gate
         self.listen = listen
@@ -116,3 +123,24 @@ class Server(uvicorn.Server):
         ended = self.gate.end_all()
         if ended:
             log.warning("shutdown grace over: requests ended", extra={"ended": ended})
+
+
+def draining_websockets(gate: Gate) -> type[WebSocketsSansIOProtocol]:
+    """uvicorn's WebSocket protocol, that at shutdown lets a request under way finish first:
+    uvicorn's own closes every WebSocket at once, cutting off the answer it is sending."""
+
+    class DrainingWebSocket(WebSocketsSansIOProtocol):
+        _task: asyncio.Task[object] | None = None  # the app's, once the handshake is in
+
+        async def run_asgi(self) -> None:
+            self._task = asyncio.current_task()
+            await super().run_asgi()
+
+        def shutdown(self) -> None:
+            close = super().shutdown
+            # Once the request is over, and what the app sends on its way out (an error
+            # event for an answer cut short) has gone.
+            if self._task is None or not gate.after(self._task, lambda: self.loop.call_soon(close)):
+                close()
+
+    return DrainingWebSocket

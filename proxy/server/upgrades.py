@@ -1,8 +1,9 @@
-"""WebSocket upgrades, refused: the proxy speaks HTTP only.
+"""WebSocket upgrades the proxy does not serve: every path but the Responses API's
+(`server.responses_socket`), and that one too under `listen.websockets: false`.
 
 Codex CLI tries a WebSocket on /v1/responses first. It falls back to HTTP at once only when
 the upgrade is answered 426 Upgrade Required; any other refusal (a 403, a closed socket) it
-retries, about five times and seven seconds, before it does. So an upgrade gets an HTTP
+retries, about five times and seven seconds, before it does. So such an upgrade gets an HTTP
 answer: 426 with an error in OpenAI's shape, and no `Upgrade` header (no protocol it could
 switch to would do).
 """
@@ -21,14 +22,14 @@ from proxy.server.guard import OPENAI
 log = logging.getLogger("compaction_proxy")
 
 REFUSAL = UpgradeRequired(
-    "This proxy speaks HTTP only: send the request over HTTP, not a WebSocket"
-    " (Codex CLI: set supports_websockets = false on the provider)."
+    "This proxy takes no WebSocket here: send the request over HTTP (it serves one at"
+    " /v1/responses only, unless listen.websockets is false)."
 )
 
 
 def websocket_refusal(metrics: Metrics) -> Callable[[WebSocket], Awaitable[None]]:
-    """The endpoint of every WebSocket path: the upgrade answered 426, counted and logged
-    (its path, never its headers)."""
+    """The endpoint of every WebSocket path the proxy does not serve: the upgrade answered
+    426, counted and logged (its path, never its headers)."""
 
     async def refuse(websocket: WebSocket) -> None:
         metrics.refused("error", REFUSAL)

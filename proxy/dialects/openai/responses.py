@@ -8,7 +8,6 @@ outside it and never changed. A request whose history is held upstream
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from proxy.dialects.openai.shared import (
     is_reasoning_model,
 )
 from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownItems, Split
+from proxy.dialects.sse import EventStream
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.models.tokens import TokenCounter
 
@@ -35,7 +35,6 @@ MIN_OUTPUT_TOKENS = 16  # the API refuses a lower max_output_tokens
 # The events that open every stream, before the one that may report an overflow.
 _OPENING = frozenset({"response.created", "response.in_progress"})
 _HEAD_LIMIT = 1 << 20  # a stream head this long without a verdict is no overflow report
-_FRAME_END = re.compile(rb"\r?\n\r?\n")
 _USAGE = b'"usage":{'
 
 
@@ -66,14 +65,7 @@ class Responses(OpenAIDialect, StreamOverflow):
         read, which says what is wrong with it."""
         body = load_object(raw)
         _check_instructions(body)
-        given = body.get("input")
-        if isinstance(given, str):
-            items: list[Any] = [{"role": "user", "content": given}]
-        elif given is None or isinstance(given, list):
-            items = given or []
-        else:
-            raise invalid_type("input", "a string or an array of input items", given)
-        return _parsed(raw, body, items, None, None)
+        return _parsed(raw, body, input_items(body.get("input")), None, None)
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         metadata = parsed.body.get("metadata")
@@ -182,6 +174,16 @@ class Responses(OpenAIDialect, StreamOverflow):
         return "".join(texts)
 
 
+def input_items(given: Any) -> list[Any]:
+    """A body's `input` as a list of items (a string is one user message, none is none), or a
+    400 saying what it must be."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    if given is None or isinstance(given, list):
+        return given or []
+    raise invalid_type("input", "a string or an array of input items", given)
+
+
 def _parsed(
     raw: bytes,
     body: dict[str, Any],
@@ -225,11 +227,9 @@ def _mapped(split: Split, after: Mapped | None) -> Mapped:
 
 def _events(data: bytes) -> Iterator[dict[str, Any]]:
     """The JSON events of the complete SSE frames in `data`."""
-    frames = _FRAME_END.split(data)
-    for frame in frames[:-1]:
-        lines = [line[5:].strip() for line in frame.splitlines() if line.startswith(b"data:")]
+    for payload in EventStream().feed(data):
         try:
-            event = orjson.loads(b"\n".join(lines))
+            event = orjson.loads(payload)
         except orjson.JSONDecodeError:
             continue
         if isinstance(event, dict):

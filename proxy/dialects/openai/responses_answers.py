@@ -1,6 +1,7 @@
 """Answers of the Responses API that the proxy writes itself, as the API writes them: a
 provider compaction it serves (`POST /v1/responses/compact`, or a `compaction_trigger` at the
-end of a `POST /v1/responses` input), in JSON or, for a streamed response, as its SSE events.
+end of a `POST /v1/responses` input), in JSON or, for a streamed response, as its SSE events;
+and the answer to a WebSocket's warm-up (`generate: false`), which has no output.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def compacted(items: list[Any], item: dict[str, Any], used: dict[str, Any]) -> b
     return orjson.dumps(answer)
 
 
-def completed(body: dict[str, Any], item: dict[str, Any], used: dict[str, Any]) -> dict[str, Any]:
-    """A completed response to the request `body` whose one output item is `item`."""
+def completed(
+    body: dict[str, Any], output: list[dict[str, Any]], used: dict[str, Any]
+) -> dict[str, Any]:
+    """A completed response to the request `body` whose output items are `output`."""
     return {
         "id": _new_id("resp"),
         "object": "response",
@@ -54,7 +57,7 @@ def completed(body: dict[str, Any], item: dict[str, Any], used: dict[str, Any]) 
         "instructions": body.get("instructions"),
         "metadata": body.get("metadata") or {},
         "model": body["model"],
-        "output": [item],
+        "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "store": body.get("store", True),
         "tool_choice": body.get("tool_choice", "auto"),
@@ -64,19 +67,18 @@ def completed(body: dict[str, Any], item: dict[str, Any], used: dict[str, Any]) 
 
 
 def events(response: dict[str, Any]) -> bytes:
-    """The SSE events of a `completed` response, as the API streams one of a single item
-    that comes whole: no events between the item's added and done, its content only in
-    done."""
-    (item,) = response["output"]
+    """The SSE events of a `completed` response, as the API streams one whose items come
+    whole: no events between an item's added and done, its content only in done."""
     opening = {**response, "status": "in_progress", "output": [], "usage": None}
-    opened = {k: v for k, v in item.items() if k != "encrypted_content"}
     sent: list[tuple[str, dict[str, Any]]] = [
         ("response.created", {"response": opening}),
         ("response.in_progress", {"response": opening}),
-        ("response.output_item.added", {"output_index": 0, "item": opened}),
-        ("response.output_item.done", {"output_index": 0, "item": item}),
-        ("response.completed", {"response": response}),
     ]
+    for n, item in enumerate(response["output"]):
+        opened = {k: v for k, v in item.items() if k != "encrypted_content"}
+        sent.append(("response.output_item.added", {"output_index": n, "item": opened}))
+        sent.append(("response.output_item.done", {"output_index": n, "item": item}))
+    sent.append(("response.completed", {"response": response}))
     return b"".join(
         f"event: {kind}\ndata: ".encode()
         + orjson.dumps({"type": kind, "sequence_number": n, **fields})
