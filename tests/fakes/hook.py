@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakes.openai.common import FakeServer
+from tests.fakes.base import FakeServer, RecordedRequest, recorded
 
 
-class FakeHook(FakeServer):
+class FakeHook(FakeServer[RecordedRequest]):
     """Serves any path: each call is recorded (its JSON in `calls`), then answered after `delay`
     seconds with `status` and `answer` as JSON (an empty body when None)."""
 
@@ -24,7 +24,7 @@ class FakeHook(FakeServer):
         self.delay = 0.0
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return self.origin + path
 
     def calls(self, path: str) -> list[dict[str, Any]]:
         """The payloads POSTed to `path`, oldest first."""
@@ -32,14 +32,10 @@ class FakeHook(FakeServer):
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        self._note(request, raw, orjson.loads(raw))
+        self._record(recorded(request, raw, orjson.loads(raw)))
         await asyncio.sleep(self.delay)
         body = b"" if self.answer is None else orjson.dumps(self.answer)
         return web.Response(body=body, status=self.status, content_type="application/json")
-
-    @staticmethod
-    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-        pass  # the hook protocol has no request ids
 
 
 def closed_port_url(path: str) -> str:

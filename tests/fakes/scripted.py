@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
+import socket
 from collections.abc import Awaitable, Callable, Iterable
-from types import TracebackType
+
+from tests.fakes.base import FakeServer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,51 +63,28 @@ def event(data: str) -> bytes:
     return chunk(f"data: {data}\n\n".encode())
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(FakeServer[Request]):
     """Serves `script` on 127.0.0.1 from a thread of its own; `host` names it in `base_url`
     (`localhost` for a hostname rather than an IP literal)."""
 
     def __init__(self, script: Script, host: str = "127.0.0.1") -> None:
+        super().__init__()
         self.script = script
         self.host = host
-        self.port = 0
-        self.requests: list[Request] = []
         self.connections = 0  # accepted so far
         self.open = 0  # open now
         self.most_open = 0  # open at once, at most
         self.closed = 0  # connections over, whichever side closed them
-        self._changed = threading.Condition()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def __enter__(self) -> ScriptedUpstream:
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
-        future.result(timeout=10)
-        return self
+    async def _serve(self, sock: socket.socket) -> None:
+        self._server = await asyncio.start_server(self._connection, sock=sock)
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        with self._changed:
-            return self._changed.wait_for(predicate, timeout)
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _stop(self) -> None:
+    async def _shut(self) -> None:
         assert self._server is not None
         self._server.close()
         for task in asyncio.all_tasks() - {asyncio.current_task()}:
@@ -127,9 +105,7 @@ class ScriptedUpstream:
                 request = await _read_request(reader, connection, number)
                 if request is None:
                     return
-                with self._changed:
-                    self.requests.append(request)
-                    self._changed.notify_all()
+                self._record(request)
                 keep = await self.script(request, writer)
                 await writer.drain()
                 if not keep:
