@@ -44,7 +44,8 @@ from common import ROOT, Server, proxy
 from recorder import Recorder
 
 from tests.fakes.anthropic import FakeAnthropic
-from tests.fakes.openai import RECORDING_KEY, FakeUpstream
+from tests.fakes.base import RECORDING_KEY
+from tests.fakes.openai import FakeUpstream
 
 Fake = FakeUpstream | FakeAnthropic
 

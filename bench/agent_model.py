@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.openai import Scripted
+from tests.fakes.base import Scripted
 
 TASK_MARKER = "AGENTS-E2E-TASK"
 SUBTASK_MARKER = "AGENTS-E2E-SUBTASK"

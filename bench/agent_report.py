@@ -28,7 +28,7 @@ from agent_model import (
 )
 from recorder import Exchange
 
-from tests.fakes.openai import Answered, RecordedRequest
+from tests.fakes.base import Answered, RecordedRequest
 
 # List prices in USD per million tokens. claude-opus-5-5: as Claude Code 2.1.332 bills it (the
 # pricing tier of its model catalog, read on 2026-11-27). Codex's gpt-5.5: GPT-5's list prices

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import aiohttp
 from aiohttp import web
 
-from tests.fakes.openai import FakeServer, RecordedRequest
+from tests.fakes.base import FakeServer, RecordedRequest
 
 # Hop-by-hop headers, and the framing the relay sets anew.
 _HOP = frozenset(("host", "content-length", "transfer-encoding", "connection", "keep-alive"))
@@ -28,7 +28,7 @@ class Exchange:
     headers: Mapping[str, str]  # the answer's, case-insensitive
 
 
-class Recorder(FakeServer):
+class Recorder(FakeServer[RecordedRequest]):
     """Relays every request to `target` (an origin) and records it with its answer's head."""
 
     def __init__(self, target: str, max_body_bytes: int = 64 * 2**20) -> None:
@@ -36,10 +36,6 @@ class Recorder(FakeServer):
         self.target = target.rstrip("/")
         self._exchanges: list[Exchange] = []
         self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def exchanges(self) -> list[Exchange]:
@@ -53,10 +49,6 @@ class Recorder(FakeServer):
             closing.result(timeout=10)
             self._session = None
         super().stop()
-
-    @staticmethod
-    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-        return None  # a relay adds nothing of its own
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw, _, recorded = await self._receive(request)

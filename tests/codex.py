@@ -24,7 +24,8 @@ from typing import Any
 import openai
 
 from tests.conftest import config_for
-from tests.fakes.openai import FakeUpstream, RecordedRequest, digest, is_summary_request
+from tests.fakes.base import RecordedRequest
+from tests.fakes.openai import FakeUpstream, digest, is_summary_request
 from tests.servers import ServerThread, proxy_server
 
 MODEL = "gpt-5-16k"  # a reasoning model, counted exactly (o200k_base) by both sides

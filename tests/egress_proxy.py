@@ -25,7 +25,7 @@ class Seen:
     headers: dict[str, str]  # names in lower case
 
 
-class EgressProxy(LoopbackServer):
+class EgressProxy(LoopbackServer[Seen]):
     def __init__(
         self,
         credentials: tuple[str, str] | None = None,
@@ -35,12 +35,16 @@ class EgressProxy(LoopbackServer):
         super().__init__(tls)
         self.credentials = credentials
         self.refuse = refuse  # a status to answer everything with (0: none)
-        self.seen: list[Seen] = []
 
     @property
     def url(self) -> str:
         """Its URL, without credentials."""
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return self.origin
+
+    @property
+    def seen(self) -> list[Seen]:
+        """The request heads received, in order."""
+        return self.requests
 
     def connects(self) -> list[str]:
         """The targets of the tunnels asked for, in order."""
@@ -51,7 +55,7 @@ class EgressProxy(LoopbackServer):
             seen = await _read_head(reader)
             if seen is None:
                 return
-            self.seen.append(seen)
+            self._record(seen)
             refusal = self._refusal(seen)
             if refusal:
                 writer.write(b"HTTP/1.1 %d Refused\r\nContent-Length: 0\r\n\r\n" % refusal)
@@ -97,7 +101,7 @@ class EgressProxy(LoopbackServer):
                 )
                 request = await _read_head(reader)
                 if request is not None:
-                    self.seen.append(request)
+                    self._record(request)
         finally:  # the client hung up, having had its answers
             answers.cancel()
             upstream.close()

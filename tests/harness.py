@@ -23,7 +23,8 @@ from proxy.config import Config
 from proxy.sessions.state import Prepared, SessionState
 from tests.conftest import config_for, merged, metric
 from tests.conversations import words
-from tests.fakes.openai import FakeUpstream, SummaryResult
+from tests.fakes.base import SummaryResult
+from tests.fakes.openai import FakeUpstream
 from tests.redis_servers import inspector
 from tests.servers import ServerThread, proxy_server
 

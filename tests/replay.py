@@ -27,10 +27,10 @@ from proxy.tools import recordings
 from proxy.tools.replay import stable
 from tests.conftest import config_for
 from tests.conversations import load_traces
+from tests.fakes.base import Summarizer
 from tests.fakes.openai import (
     ApiError,
     FakeUpstream,
-    Summarizer,
     check_window,
     count_prompt,
     digest,

@@ -14,7 +14,8 @@ import yaml
 
 from proxy.config import loads
 from tests.fakes.anthropic import FakeAnthropic
-from tests.fakes.openai import RECORDING_KEY, FakeUpstream
+from tests.fakes.base import RECORDING_KEY
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 CLIENTS = Path(__file__).resolve().parent / "data/clients"

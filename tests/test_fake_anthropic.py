@@ -13,7 +13,8 @@ import pytest
 import tiktoken
 
 from tests.fakes.anthropic import FakeAnthropic, scaled
-from tests.fakes.openai import SUMMARY_PROMPT_PREFIX, Scripted, default_summary
+from tests.fakes.base import Scripted, default_summary
+from tests.fakes.openai import SUMMARY_PROMPT_PREFIX
 
 KEY = "sk-ant-test"
 MODEL = "claude-fake-sonnet"  # not in the SDK's deprecation or thinking warning lists

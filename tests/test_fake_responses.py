@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import examples
+from tests.fakes.base import Scripted
 from tests.fakes.openai import (
     ENCRYPTED_TOKENS,
     REASONING_TOKENS,
     ApiError,
     FakeUpstream,
-    Scripted,
     count_input_tokens,
     count_prompt_tokens,
     reply_text,

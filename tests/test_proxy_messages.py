@@ -20,7 +20,8 @@ from proxy.sessions.sessions import session_key
 from tests.conftest import merged, metric
 from tests.conversations import words
 from tests.fakes.anthropic import FakeAnthropic
-from tests.fakes.openai import BEHAVIOR_HEADER, FakeUpstream
+from tests.fakes.base import BEHAVIOR_HEADER
+from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
 KEY = "sk-ant-api03-test"

@@ -84,52 +84,32 @@ errors. The cache clock is ``time.monotonic()`` plus what ``up.advance(seconds)`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import hashlib
 import hmac
-import inspect
 import os
 import re
 import secrets
-import socket
 import string
-import struct
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 import tiktoken
 from aiohttp import web
 
+from tests.fakes.base import Behaviors, FakeAPI, Scripted, Settings, serve_until_interrupted
 from tests.fakes.openai import (  # importing it also points tiktoken at its offline files
-    BEHAVIOR_HEADER,
     SUMMARY_HEADER,
     SUMMARY_PROMPT_PREFIX,
-    FakeServer,
-    RecordedRequest,
-    Script,
-    Scripted,
-    Summarizer,
     count_text,
-    default_summary,
     reply_text,
 )
-from tests.fakes.openai import parse_behavior as _parse_behavior
 
-__all__ = [
-    "BEHAVIOR_HEADER",
-    "SUMMARY_HEADER",
-    "SUMMARY_PROMPT_PREFIX",
-    "AnthropicError",
-    "FakeAnthropic",
-    "RecordedRequest",
-    "scaled",
-]
+__all__ = ["SUMMARY_HEADER", "SUMMARY_PROMPT_PREFIX", "AnthropicError", "FakeAnthropic", "scaled"]
 
 API_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}")
 OLDEST_API_VERSION = "2023-01-01"
@@ -150,9 +130,14 @@ CACHE_LOOKBACK = 20  # blocks before a breakpoint where earlier cache entries ar
 CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}
 THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 
-_BEHAVIORS: dict[str, Callable[[str], object]] = dict.fromkeys(
+_BEHAVIORS: Behaviors = dict.fromkeys(
     ("hang", "tool-call", "redacted-thinking", "gzip", "output-only-delta"), str
-) | {"slow-stream": float, "reset-mid-stream": int, "error-mid-stream": int, "status": int}
+) | {
+    "slow-stream": float,
+    "reset-mid-stream": int,
+    "error-mid-stream": int,
+    "status": int,
+}
 _STATUS_ERRORS: dict[int, tuple[str, str]] = {
     400: ("invalid_request_error", "Fake error 400."),
     401: ("authentication_error", "invalid x-api-key"),
@@ -1063,11 +1048,6 @@ def _cut_text(text: str, limit: int) -> str:
 # -- the server -----------------------------------------------------------------------------------
 
 
-def parse_behavior(raw: str) -> dict[str, str]:
-    """``"slow-stream:0.1, tool-call"`` -> ``{"slow-stream": "0.1", "tool-call": ""}``."""
-    return _parse_behavior(raw, _BEHAVIORS)
-
-
 def _json_response(data: Any) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
 
@@ -1080,16 +1060,10 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+$", text)  # words with their leading space: they join back
 
 
-def _abort(request: web.BaseRequest) -> None:
-    """Drop the connection with a TCP reset, as a failing network does."""
-    if request.transport is not None:
-        sock = request.transport.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        request.transport.abort()
-
-
-class FakeAnthropic(FakeServer):
-    """The fake API on 127.0.0.1, served from a background thread with its own event loop.
+class FakeAnthropic(FakeAPI):
+    """The fake API on 127.0.0.1, served from a background thread with its own event loop; its
+    `base_url` is what the SDK's ``base_url`` and Claude Code's ``ANTHROPIC_BASE_URL`` take
+    (no /v1).
 
     ``windows`` maps models to context windows (``default_window`` otherwise); the models in
     ``long_context`` get ``long_context_window`` with an ``anthropic-beta: context-1m-...``
@@ -1098,42 +1072,30 @@ class FakeAnthropic(FakeServer):
     ``signing_key`` lets two fakes accept each other's thinking blocks.
     """
 
+    known_behaviors = _BEHAVIORS
+    error_type = AnthropicError
+
     def __init__(
         self,
         *,
-        windows: Mapping[str, int] | None = None,
         default_window: int = DEFAULT_WINDOW,
         long_context: Iterable[str] = (),
         long_context_window: int = LONG_CONTEXT_WINDOW,
         max_output: Mapping[str, int] | None = None,
         min_cacheable: Mapping[str, int] | None = None,
-        behavior: str = "",
-        stream_delay: float = 0.05,
-        summarizer: Summarizer = default_summary,
-        summary_delay: float = 0.0,
-        script: Script | None = None,
-        api_key: str | None = None,
         user_first: bool = False,
         signing_key: bytes | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
-        record: bool = True,
-        port: int = 0,
+        **settings: Unpack[Settings],
     ) -> None:
-        super().__init__(record=record, port=port, max_body_bytes=max_body_bytes + 2**20)
-        parse_behavior(behavior)
-        self.windows = dict(windows or {})
-        self.default_window = default_window
+        # A larger body gets the API's own 413, not aiohttp's.
+        limit = max_body_bytes + 2**20
+        super().__init__(default_window=default_window, max_body_bytes=limit, **settings)
         self.long_context = set(long_context)
         self.long_context_window = long_context_window
         self.max_output = dict(max_output or {})
         self.min_cacheable = dict(min_cacheable or {})
-        self.behavior = behavior
         self.count_behavior = ""  # count_tokens requests only: a proxy's own counts failing
-        self.stream_delay = stream_delay
-        self.summarizer = summarizer
-        self.summary_delay = summary_delay
-        self.script = script  # the answers to Messages requests; None: the fake's own
-        self.api_key = api_key
         self.user_first = user_first  # Bedrock's (and the 2024 API's) rule
         self.max_body_bytes = max_body_bytes
         self._signer = _Signer(signing_key or os.urandom(32))
@@ -1141,15 +1103,6 @@ class FakeAnthropic(FakeServer):
         self._offset = 0.0
 
     # -- for the tests ----------------------------------------------------------------------------
-
-    @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """What the SDK's ``base_url`` and Claude Code's ``ANTHROPIC_BASE_URL`` take (no /v1)."""
-        return self.origin
 
     @property
     def cache_entries(self) -> int:
@@ -1192,36 +1145,17 @@ class FakeAnthropic(FakeServer):
         body = {k: v for k, v in body.items() if k in fields}
         return parse_request(body, headers or {}, self._signer, count_only=True).total
 
-    @staticmethod
-    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    async def _prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault("request-id", _request_id())
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw, data, _ = await self._receive(request)
-        try:
-            counting = request.path == "/v1/messages/count_tokens" and self.count_behavior
-            default = self.count_behavior if counting else self.behavior
-            behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, default))
-        except ValueError as exc:
-            return self._error(request, _bad(str(exc)))
-        try:
-            response = await self._respond(request, raw, data, behaviors)
-        except AnthropicError as exc:
-            self.bump("rejected")
-            response = self._error(request, exc)
-        except asyncio.CancelledError:
-            if not self._closing:
-                self.bump("cancelled")
-            raise
-        gzip = "gzip" in behaviors and "gzip" in request.headers.get("accept-encoding", "")
-        if gzip and not response.prepared:
-            response.enable_compression(web.ContentCoding.gzip)
-        return response
+    def _behavior_of(self, request: web.Request) -> str:
+        counting = request.path == "/v1/messages/count_tokens" and self.count_behavior
+        return self.count_behavior if counting else self.behavior
 
-    @staticmethod
-    def _error(request: web.Request, error: AnthropicError) -> web.Response:
+    def _error_response(self, request: web.Request, error: Exception) -> web.StreamResponse:
+        assert isinstance(error, AnthropicError)
         request_id = _request_id()  # the same in the body and the header
         headers = {**error.headers, "request-id": request_id}
         return web.Response(
@@ -1286,7 +1220,7 @@ class FakeAnthropic(FakeServer):
         long = any(b.startswith(LONG_CONTEXT_BETA) for b in _betas(headers))
         if long and model in self.long_context:
             return self.long_context_window
-        return self.windows.get(model, self.default_window)
+        return self.window_of(model)
 
     async def _messages(
         self, request: web.Request, raw: bytes, body: Any, behaviors: dict[str, str]
@@ -1312,9 +1246,7 @@ class FakeAnthropic(FakeServer):
                 f" {window}, decrease input length or `max_tokens` and try again"
             )
         if is_summary_request(request.headers, body):
-            self.bump("summary_calls")
-            await asyncio.sleep(self.summary_delay)
-            text, tool = await self._summarize(body), None
+            text, tool = await self.summarize(body), None
         else:
             text, tool = self._answer(request, body, raw, prompt, behaviors)
         usage = self._use_cache(prompt)
@@ -1332,12 +1264,11 @@ class FakeAnthropic(FakeServer):
         }
         if body.get("stream"):
             events = _stream_events(message, usage, reply, "output-only-delta" in behaviors)
-            return await self._stream(
-                request, events, behaviors, "text/event-stream; charset=utf-8"
-            )
+            kind = "text/event-stream; charset=utf-8"
+            return await self.stream(request, events, behaviors, kind, _overloaded)
         payload = orjson.dumps(message)
         if "reset-mid-stream" in behaviors:  # cut the JSON body half way
-            return await self._stream(request, [payload], behaviors, "application/json")
+            return await self.stream(request, [payload], behaviors, "application/json", _overloaded)
         return web.Response(body=payload, content_type="application/json")
 
     def _answer(
@@ -1426,51 +1357,17 @@ class FakeAnthropic(FakeServer):
         rest = prompt.total - prompt.prefix[points[-1]]
         return _Usage(rest, read, created["5m"], created["1h"])
 
-    async def _summarize(self, body: dict[str, Any]) -> str:
-        try:
-            result = self.summarizer(body)
-            if inspect.isawaitable(result):
-                result = await result
-        except Exception as exc:
-            result = exc
-        if isinstance(result, Exception):
-            raise AnthropicError(500, _STATUS_ERRORS[500][1], "api_error")
-        return result or ""
+    def _invalid(self, message: str) -> Exception:
+        return _bad(message)
 
-    async def _stream(
-        self, request: web.Request, events: list[bytes], behaviors: dict[str, str], kind: str
-    ) -> web.StreamResponse:
-        """Send events one by one, slowly or cut short when asked; a single event is cut in two."""
-        response = web.StreamResponse(headers={"Content-Type": kind})
-        if len(events) == 1:
-            response.content_length = len(events[0])
-            events = [events[0][: len(events[0]) // 2], events[0][len(events[0]) // 2 :]]
-        if "gzip" in behaviors and "gzip" in request.headers.get("accept-encoding", ""):
-            response.enable_compression(web.ContentCoding.gzip)
-        await response.prepare(request)
-        slow = behaviors.get("slow-stream")
-        delay = 0.0 if slow is None else float(slow or self.stream_delay)
-        cut = behaviors.get("reset-mid-stream")
-        cut_at = -1 if cut is None else min(int(cut or 2), len(events) - 1)
-        fail = behaviors.get("error-mid-stream")
-        fail_at = -1 if fail is None else min(int(fail or 2), len(events) - 1)
-        try:
-            for index, event in enumerate(events):
-                if index == cut_at:
-                    await asyncio.sleep(0.05)  # let the client read what was sent before the reset
-                    _abort(request)
-                    return response
-                if index == fail_at:
-                    error = AnthropicError(529, "Overloaded", "overloaded_error")
-                    await response.write(_sse("error", error.body(response.headers["request-id"])))
-                    break
-                if index and delay:
-                    await asyncio.sleep(delay)
-                await response.write(event)
-            await response.write_eof()
-        except ConnectionResetError:  # the client went away between two events
-            self.bump("cancelled")
-        return response
+    def _failed(self) -> Exception:
+        return AnthropicError(500, _STATUS_ERRORS[500][1], "api_error")
+
+
+def _overloaded(response: web.StreamResponse) -> bytes:
+    """The event that ends a stream the API got overloaded in (``error-mid-stream``)."""
+    error = AnthropicError(529, "Overloaded", "overloaded_error")
+    return _sse("error", error.body(response.headers["request-id"]))
 
 
 def _stream_events(
@@ -1530,17 +1427,5 @@ def _stream_events(
     return events
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve the fake Anthropic API until Ctrl-C.")
-    parser.add_argument("--port", type=int, default=8002)
-    parser.add_argument("--window", action="append", default=[], metavar="MODEL=TOKENS")
-    parser.add_argument("--behavior", default="")
-    args = parser.parse_args()
-    windows = {m: int(n) for m, _, n in (w.partition("=") for w in args.window)}
-    with FakeAnthropic(windows=windows, behavior=args.behavior, record=False, port=args.port) as up:
-        print(up.base_url, flush=True)
-        threading.Event().wait()
-
-
 if __name__ == "__main__":
-    main()
+    serve_until_interrupted(FakeAnthropic, "Serve the fake Anthropic API until Ctrl-C.", 8002)

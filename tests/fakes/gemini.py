@@ -33,27 +33,24 @@ Counting: tiktoken ``cl100k_base`` tokens of each text part plus 3 per part, 258
 unlike the proxy's own estimate on purpose, so that calibration is exercised.
 Simplifications: no ``countTokens``, ``models`` listing, caching or safety ratings; streaming
 only as SSE. Summary requests (a system instruction starting with ``SUMMARY_PROMPT_PREFIX``)
-are answered by the ``summarizer`` hook. Behaviours come from ``up.behavior``: a comma separated
-list of ``hang``, ``status:NNN``, ``tool-call``, ``error-mid-stream``.
+are answered by the ``summarizer`` hook. Behaviours come from the ``x-fake-behavior`` header,
+else ``up.behavior``: a comma separated list of ``hang``, ``status:NNN``, ``tool-call``,
+``error-mid-stream[:events]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import threading
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import orjson
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from aiohttp import web
 
-from tests.fakes.openai import SUMMARY_PROMPT_PREFIX, RecordedRequest, count_text, digest
+from tests.fakes.base import Behaviors, FakeAPI, Settings
+from tests.fakes.openai import SUMMARY_PROMPT_PREFIX, count_text, digest
 from tests.fakes.openai.common import sample_arguments
-from tests.servers import ServerThread
 
 IMAGE_TOKENS, PART_TOKENS = 258, 3  # an image; each part's framing
 _STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
@@ -80,7 +77,7 @@ _COUNT_RESPONSE = (
     "function call parts of the function call turn."
 )
 
-Summarizer = Callable[[dict[str, Any]], str]
+_BEHAVIORS: Behaviors = {"hang": str, "status": int, "tool-call": str, "error-mid-stream": int}
 
 
 class GeminiError(Exception):
@@ -92,8 +89,8 @@ class GeminiError(Exception):
         error = {"code": self.code, "message": self.message, "status": _STATUS.get(self.code, "")}
         return orjson.dumps({"error": error})
 
-    def response(self) -> Response:
-        return Response(self.body(), self.code, media_type="application/json")
+    def response(self) -> web.Response:
+        return web.Response(body=self.body(), status=self.code, content_type="application/json")
 
 
 def _camel(key: str) -> str:
@@ -206,76 +203,46 @@ def count(turns: list[tuple[str, list[dict[str, Any]]]], top: Mapping[str, Any])
     return total + (count_text(orjson.dumps(tools).decode(), "cl100k_base") if tools else 0)
 
 
-class FakeGemini:
-    """The fake API on 127.0.0.1, served by uvicorn from a background thread."""
+def _summary(body: dict[str, Any]) -> str:
+    return f"Summary of {len(body['contents'])} turns."
 
-    def __init__(
-        self,
-        *,
-        windows: Mapping[str, int] | None = None,
-        default_window: int = 1_048_576,
-        api_key: str | None = None,
-        behavior: str = "",
-        summarizer: Summarizer | None = None,
-    ) -> None:
-        self.windows = dict(windows or {})
-        self.default_window = default_window
-        self.api_key = api_key  # None: any key, or none, is accepted
-        self.behavior = behavior
-        self.summarizer = summarizer or (lambda body: f"Summary of {len(body['contents'])} turns.")
-        self._lock = threading.Lock()
-        self._requests: list[RecordedRequest] = []
-        app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST"])])
-        self._server = ServerThread(app)
 
-    @property
-    def port(self) -> int:
-        return self._server.port
+class FakeGemini(FakeAPI):
+    """The fake API on 127.0.0.1, served from a background thread with its own event loop; its
+    `base_url` is what litellm's ``api_base`` takes."""
 
-    @property
-    def base_url(self) -> str:
-        """What litellm's ``api_base`` takes."""
-        return f"{self._server.url}/v1beta"
+    api_path = "/v1beta"
+    known_behaviors = _BEHAVIORS
+    error_type = GeminiError
 
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._requests)
+    def __init__(self, *, default_window: int = 1_048_576, **settings: Unpack[Settings]) -> None:
+        settings.setdefault("summarizer", _summary)
+        super().__init__(default_window=default_window, max_body_bytes=100 * 2**20, **settings)
 
     def reset(self) -> None:
-        with self._lock:
-            self._requests.clear()
+        """Forget the requests and the counters, and the behaviour."""
+        with self._changed:
+            self._forget()
         self.behavior = ""
 
-    def __enter__(self) -> FakeGemini:
-        self._server.__enter__()
-        return self
+    def _error_response(self, request: web.Request, error: Exception) -> web.StreamResponse:
+        assert isinstance(error, GeminiError)
+        return error.response()
 
-    def __exit__(self, *exc: object) -> None:
-        self._server.__exit__(None, None, None)
+    def _invalid(self, message: str) -> Exception:
+        return GeminiError(400, message)
 
-    async def _handle(self, request: Request) -> Response:
-        raw = await request.body()
-        try:
-            data = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            data = None
-        with self._lock:
-            query, headers = request.url.query, request.headers
-            self._requests.append(
-                RecordedRequest(request.method, request.url.path, query, headers, raw, data)
-            )
-        try:
-            return await self._respond(request, data)
-        except GeminiError as exc:
-            return exc.response()
+    def _failed(self) -> Exception:
+        return GeminiError(500, "Internal error encountered.")
 
-    async def _respond(self, request: Request, body: Any) -> Response:
-        model, _, method = request.url.path.removeprefix("/v1beta/models/").partition(":")
-        stream = method == "streamGenerateContent" and request.query_params.get("alt") == "sse"
+    async def _respond(
+        self, request: web.Request, raw: bytes, body: Any, behaviors: dict[str, str]
+    ) -> web.StreamResponse:
+        model, _, method = request.path.removeprefix("/v1beta/models/").partition(":")
+        stream = method == "streamGenerateContent" and request.query.get("alt") == "sse"
         if (
             request.method != "POST"
-            or not request.url.path.startswith("/v1beta/models/")
+            or not request.path.startswith("/v1beta/models/")
             or not (method == "generateContent" or stream)
         ):
             raise GeminiError(
@@ -283,7 +250,7 @@ class FakeGemini:
                 f"models/{model} is not found for API version v1beta, or is not supported "
                 f"for {method}.",
             )
-        key = request.headers.get("x-goog-api-key") or request.query_params.get("key")
+        key = request.headers.get("x-goog-api-key") or request.query.get("key")
         if self.api_key is not None and not key:
             raise GeminiError(
                 403,
@@ -293,31 +260,30 @@ class FakeGemini:
             )
         if self.api_key is not None and key != self.api_key:
             raise GeminiError(400, "API key not valid. Please pass a valid API key.")
-        behaviors = _behaviors(self.behavior)
         if "hang" in behaviors:
             await asyncio.Event().wait()
         if "status" in behaviors:
             raise GeminiError(int(behaviors["status"]), f"Fake error {behaviors['status']}.")
         turns, top = validate(body)
         tokens = count(turns, top)
-        window = self.windows.get(model, self.default_window)
+        window = self.window_of(model)
         if tokens > window:
             raise GeminiError(
                 400,
                 f"The input token count ({tokens}) exceeds the maximum number of tokens "
                 f"allowed ({window}).",
             )
-        parts, finish = self._reply(body, turns, top, tokens, "tool-call" in behaviors)
+        parts, finish = await self._reply(body, turns, top, tokens, "tool-call" in behaviors)
         usage = {"promptTokenCount": tokens}
         if not stream:
             output = sum(count_text(orjson.dumps(p).decode(), "cl100k_base") for p in parts)
             usage |= {"candidatesTokenCount": output, "totalTokenCount": tokens + output}
             answer = _answer(model, parts, finish, usage)
-            return Response(orjson.dumps(answer), media_type="application/json")
-        events = self._events(model, parts, finish, usage, "error-mid-stream" in behaviors)
-        return StreamingResponse(events, media_type="text/event-stream")
+            return web.Response(body=orjson.dumps(answer), content_type="application/json")
+        events = _events(model, parts, finish, usage)
+        return await self.stream(request, events, behaviors, "text/event-stream", _overloaded)
 
-    def _reply(
+    async def _reply(
         self,
         body: Any,
         turns: list[tuple[str, list[dict[str, Any]]]],
@@ -327,7 +293,7 @@ class FakeGemini:
     ) -> tuple[list[dict[str, Any]], str]:
         system = "".join(str(p.get("text", "")) for p in top.get("systemInstruction") or [])
         if system.startswith(SUMMARY_PROMPT_PREFIX):
-            text = self.summarizer(body)
+            text = await self.summarize(body)
         else:
             declared, (last_role, last_parts) = top["declarations"], turns[-1]
             wanted = tool_call or top["mode"] == "ANY"
@@ -346,39 +312,36 @@ class FakeGemini:
             return [{"text": " ".join(words[:limit])}], "MAX_TOKENS"
         return [{"text": text}], "STOP"
 
-    async def _events(
-        self,
-        model: str,
-        parts: list[dict[str, Any]],
-        finish: str,
-        usage: dict[str, int],
-        fail: bool,
-    ) -> AsyncIterator[bytes]:
-        pieces: list[dict[str, Any]] = []
-        for part in parts:
-            if "text" in part:
-                words = part["text"].split(" ")
-                pieces += [{"text": w if i == 0 else " " + w} for i, w in enumerate(words)]
-            else:
-                pieces.append(part)
-        output = 0
-        for i, piece in enumerate(pieces):
-            if fail and i == 2:
-                error = GeminiError(503, "The model is overloaded. Please try again later.")
-                yield b"data: " + error.body() + b"\r\n\r\n"
-                return
-            output += count_text(orjson.dumps(piece).decode(), "cl100k_base")
-            counts = usage | {
-                "candidatesTokenCount": output,
-                "totalTokenCount": usage["promptTokenCount"] + output,
-            }
-            last = i == len(pieces) - 1
-            yield (
-                b"data: "
-                + orjson.dumps(_answer(model, [piece], finish if last else None, counts))
-                + b"\r\n\r\n"
-            )
-            await asyncio.sleep(0)
+
+def _events(
+    model: str, parts: list[dict[str, Any]], finish: str, usage: dict[str, int]
+) -> list[bytes]:
+    """A streamed answer's events: a text part word by word, others whole, each with the usage
+    so far."""
+    pieces: list[dict[str, Any]] = []
+    for part in parts:
+        if "text" in part:
+            words = part["text"].split(" ")
+            pieces += [{"text": w if i == 0 else " " + w} for i, w in enumerate(words)]
+        else:
+            pieces.append(part)
+    events, output = [], 0
+    for i, piece in enumerate(pieces):
+        output += count_text(orjson.dumps(piece).decode(), "cl100k_base")
+        counts = usage | {
+            "candidatesTokenCount": output,
+            "totalTokenCount": usage["promptTokenCount"] + output,
+        }
+        last = i == len(pieces) - 1
+        answer = _answer(model, [piece], finish if last else None, counts)
+        events.append(b"data: " + orjson.dumps(answer) + b"\r\n\r\n")
+    return events
+
+
+def _overloaded(response: web.StreamResponse) -> bytes:
+    """The event that ends a stream the API got overloaded in (``error-mid-stream``)."""
+    error = GeminiError(503, "The model is overloaded. Please try again later.")
+    return b"data: " + error.body() + b"\r\n\r\n"
 
 
 def _answer(
@@ -388,12 +351,3 @@ def _answer(
     if finish is not None:
         candidate["finishReason"] = finish
     return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": model}
-
-
-def _behaviors(raw: str) -> dict[str, str]:
-    """``"status:429, tool-call"`` -> ``{"status": "429", "tool-call": ""}``."""
-    found = dict(item.strip().partition(":")[::2] for item in raw.split(",") if item.strip())
-    unknown = found.keys() - {"hang", "status", "tool-call", "error-mid-stream"}
-    if unknown:
-        raise ValueError(f"unknown fake behavior {sorted(unknown)[0]!r}")
-    return found

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakes.openai.common import FakeServer
+from tests.fakes.base import FakeServer, RecordedRequest
 
 
-class FakeHook(FakeServer):
+class FakeHook(FakeServer[RecordedRequest]):
     """Serves any path: each call is recorded (its JSON in `calls`), then answered after `delay`
     seconds with `status` and `answer` as JSON (an empty body when None)."""
 
@@ -24,22 +24,17 @@ class FakeHook(FakeServer):
         self.delay = 0.0
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return self.origin + path
 
     def calls(self, path: str) -> list[dict[str, Any]]:
         """The payloads POSTed to `path`, oldest first."""
         return [r.json for r in self.requests if r.path == path]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        self._note(request, raw, orjson.loads(raw))
+        await self._receive(request)
         await asyncio.sleep(self.delay)
         body = b"" if self.answer is None else orjson.dumps(self.answer)
         return web.Response(body=body, status=self.status, content_type="application/json")
-
-    @staticmethod
-    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-        pass  # the hook protocol has no request ids
 
 
 def closed_port_url(path: str) -> str:

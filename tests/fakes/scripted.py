@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import ssl
-import threading
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from tests.fakes.base import FakeServer, Recorded
 
 # A self-signed certificate for localhost and 127.0.0.1: a client trusts it when its
 # SSL_CERT_FILE is TLS / "cert.pem".
@@ -76,39 +76,27 @@ def server_tls() -> ssl.SSLContext:
     return tls
 
 
-class LoopbackServer:
-    """A server on 127.0.0.1 (over TLS with `tls`), from a thread and event loop of its own,
-    serving each connection with `_connection`; entered once it listens on `port`."""
+class LoopbackServer(FakeServer[Recorded]):
+    """A fake of raw connections (over TLS with `tls`), each served by `_connection`; `host`
+    names it in `origin` (`localhost` for a hostname rather than an IP literal)."""
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> None:
+        super().__init__()
         self.tls = tls
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.host = host
         self._server: asyncio.Server | None = None
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
-        future.result(timeout=10)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+    @property
+    def origin(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
 
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self.tls)
-        self.port = self._server.sockets[0].getsockname()[1]
+    async def _serve(self, sock: socket.socket) -> None:
+        self._server = await asyncio.start_server(self._connection, sock=sock, ssl=self.tls)
 
-    async def _stop(self) -> None:
+    async def _shut(self) -> None:
         assert self._server is not None
         self._server.close()
         serving = asyncio.all_tasks() - {asyncio.current_task()}
@@ -117,31 +105,20 @@ class LoopbackServer:
         await asyncio.gather(*serving, return_exceptions=True)  # their connections closed
 
 
-class ScriptedUpstream(LoopbackServer):
-    """Serves `script`; `host` names it in `base_url` (`localhost` for a hostname rather than
-    an IP literal)."""
+class ScriptedUpstream(LoopbackServer[Request]):
+    """Serves `script`, its API at `base_url`."""
+
+    api_path = "/v1"
 
     def __init__(
         self, script: Script, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None
     ) -> None:
-        super().__init__(tls)
+        super().__init__(tls, host)
         self.script = script
-        self.host = host
-        self.requests: list[Request] = []
         self.connections = 0  # accepted so far
         self.open = 0  # open now
         self.most_open = 0  # open at once, at most
         self.closed = 0  # connections over, whichever side closed them
-        self._changed = threading.Condition()
-
-    @property
-    def base_url(self) -> str:
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://{self.host}:{self.port}/v1"
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-        with self._changed:
-            return self._changed.wait_for(predicate, timeout)
 
     def _note(self, **changes: int) -> None:
         with self._changed:
@@ -158,9 +135,7 @@ class ScriptedUpstream(LoopbackServer):
                 request = await _read_request(reader, connection, number)
                 if request is None:
                     return
-                with self._changed:
-                    self.requests.append(request)
-                    self._changed.notify_all()
+                self._record(request)
                 keep = await self.script(request, writer)
                 await writer.drain()
                 if not keep:

@@ -76,9 +76,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from tests.fakes.base import Scripted
 from tests.fakes.openai.common import (
     ApiError,
-    Scripted,
     bad,
     call_id,
     count_text,

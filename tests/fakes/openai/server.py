@@ -5,32 +5,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import inspect
 import os
 import struct
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 from aiohttp import web
 
+from tests.fakes.base import FakeAPI, Settings
 from tests.fakes.openai import chat, responses
 from tests.fakes.openai.common import (
-    BEHAVIOR_HEADER,
+    BEHAVIORS,
     PARSE_ERROR,
     SERVER_ERROR,
     ApiError,
-    FakeServer,
-    Script,
-    Summarizer,
-    abort,
     bad,
     count_text,
-    default_summary,
     dumps,
-    maybe_gzip,
     missing,
-    parse_behavior,
 )
 from tests.fakes.openai.responses_input import Memory
 
@@ -72,35 +64,24 @@ def _embeddings(body: Any) -> dict[str, Any]:
     return {"object": "list", "data": data, "model": body["model"], "usage": usage}
 
 
-class FakeUpstream(FakeServer):
+class FakeUpstream(FakeAPI):
     """The fake API on 127.0.0.1, served from a background thread with its own event loop."""
+
+    api_path = "/v1"
+    known_behaviors = BEHAVIORS
+    error_type = ApiError
 
     def __init__(
         self,
         *,
-        windows: Mapping[str, int] | None = None,
         default_window: int = 128_000,
-        behavior: str = "",
-        stream_delay: float = 0.05,
-        summarizer: Summarizer = default_summary,
-        summary_delay: float = 0.0,
-        script: Script | None = None,
-        api_key: str | None = None,
         provider_compaction: bool = True,
         signing_key: bytes | None = None,
-        record: bool = True,
-        port: int = 0,
+        **settings: Unpack[Settings],
     ) -> None:
-        super().__init__("compact_calls", record=record, port=port, max_body_bytes=100 * 2**20)
-        parse_behavior(behavior)
-        self.windows = dict(windows or {})
-        self.default_window = default_window
-        self.behavior = behavior
-        self.stream_delay = stream_delay
-        self.summarizer = summarizer
-        self.summary_delay = summary_delay
-        self.script = script  # the Responses API's answers; None: the fake's own
-        self.api_key = api_key  # None: any credential is accepted
+        super().__init__(
+            "compact_calls", default_window=default_window, max_body_bytes=100 * 2**20, **settings
+        )
         # False: a server without provider compaction (a local one): no /v1/responses/compact,
         # and compaction and compaction_trigger items are types it does not know.
         self.provider_compaction = provider_compaction
@@ -109,19 +90,10 @@ class FakeUpstream(FakeServer):
         self.memory = Memory(signing_key)
 
     @property
-    def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.origin}/v1"
-
-    @property
     def compact_calls(self) -> int:
         """Provider compactions: calls of ``POST /v1/responses/compact`` and requests ending with
         a ``compaction_trigger``."""
-        with self._changed:
-            return self._counts["compact_calls"]
+        return self.counter("compact_calls")
 
     def reset(self) -> None:
         """Forget the requests, zero the counters and empty the prompt cache (settings are kept,
@@ -130,31 +102,18 @@ class FakeUpstream(FakeServer):
             self._forget()
             self.memory.cache.clear()
 
-    def window_of(self, model: str) -> int:
-        return self.windows.get(model, self.default_window)
-
-    @staticmethod
-    async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    async def _prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-request-id"] = "req_" + os.urandom(12).hex()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raw, data, _ = await self._receive(request)
-        try:
-            behaviors = parse_behavior(request.headers.get(BEHAVIOR_HEADER, self.behavior))
-        except ValueError as exc:
-            return web.json_response(bad(str(exc)).body, status=400)
-        try:
-            response = await self._respond(request, raw, data, behaviors)
-        except ApiError as exc:
-            self.bump("rejected")
-            response = web.json_response(exc.body, status=exc.status, dumps=dumps)
-        except asyncio.CancelledError:
-            if not self._closing:
-                self.bump("cancelled")
-            raise
-        if not response.prepared:
-            maybe_gzip(request, response, "gzip" in behaviors)
-        return response
+    def _error_response(self, request: web.Request, error: Exception) -> web.StreamResponse:
+        assert isinstance(error, ApiError)
+        return web.json_response(error.body, status=error.status, dumps=dumps)
+
+    def _invalid(self, message: str) -> Exception:
+        return bad(message)
+
+    def _failed(self) -> Exception:
+        return ApiError(500, SERVER_ERROR, kind="server_error")
 
     def _check_auth(self, request: web.Request) -> None:
         if self.api_key is None or not request.path.startswith("/v1/"):
@@ -199,45 +158,3 @@ class FakeUpstream(FakeServer):
             ]
             return web.json_response({"object": "list", "data": models})
         raise ApiError(404, f"Invalid URL ({method} {path})")
-
-    async def summarize(self, body: dict[str, Any]) -> str:
-        """Count a summary call, wait summary_delay, ask the summarizer hook; 500 on a failure."""
-        self.bump("summary_calls")
-        await asyncio.sleep(self.summary_delay)
-        try:
-            result = self.summarizer(body)
-            if inspect.isawaitable(result):
-                result = await result
-        except Exception as exc:
-            result = exc
-        if isinstance(result, Exception):
-            raise ApiError(500, SERVER_ERROR, kind="server_error")
-        return result or ""
-
-    async def stream(
-        self, request: web.Request, events: list[bytes], behaviors: dict[str, str], kind: str
-    ) -> web.StreamResponse:
-        """Send events one by one, slowly or cut short when asked; a single event is cut in two."""
-        response = web.StreamResponse(headers={"Content-Type": kind})
-        if len(events) == 1:
-            response.content_length = len(events[0])
-            events = [events[0][: len(events[0]) // 2], events[0][len(events[0]) // 2 :]]
-        maybe_gzip(request, response, "gzip" in behaviors)
-        await response.prepare(request)
-        slow = behaviors.get("slow-stream")
-        delay = 0.0 if slow is None else float(slow or self.stream_delay)
-        cut = behaviors.get("reset-mid-stream")
-        cut_at = -1 if cut is None else min(int(cut or 2), len(events) - 1)
-        try:
-            for index, event in enumerate(events):
-                if index == cut_at:
-                    await asyncio.sleep(0.05)  # let the client read what was sent before the reset
-                    abort(request)
-                    return response
-                if index and delay:
-                    await asyncio.sleep(delay)
-                await response.write(event)
-            await response.write_eof()
-        except ConnectionResetError:  # the client went away between two events
-            self.bump("cancelled")
-        return response
