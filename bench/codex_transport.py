@@ -39,7 +39,8 @@ from agent_clients import API_KEY, CODEX, proxy_config
 from agent_model import AgentModel, extractive_summary, make_workspace, task
 from common import ROOT, proxy
 
-from tests.fakes.openai import RECORDING_KEY, FakeUpstream
+from tests.fakes.base import RECORDING_KEY
+from tests.fakes.openai import FakeUpstream
 
 # The proxy's log lines that tell how the client's WebSockets went.
 _COUNTED = ("websocket upgrade refused", "websocket opened")
