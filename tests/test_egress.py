@@ -21,6 +21,7 @@ from proxy.config.egress import (
     egress_proxy,
     parse_egress_proxy,
 )
+from proxy.upstream.answer import read_whole
 from proxy.upstream.connect import EgressRefused
 from proxy.upstream.pool import Pool
 from tests.egress_proxy import EgressProxy as LoopbackProxy
@@ -29,7 +30,7 @@ from tests.fakes.scripted import TLS, Request, ScriptedUpstream, response, serve
 from tests.harness import harness
 from tests.servers import proxy_server
 from tests.test_hooks import PRE
-from tests.test_http1 import get, keep_answering, serving
+from tests.test_http1 import BODY_LIMIT, get, keep_answering, serving
 from tests.test_upstream_resilience import BODY, CHAT, config_of, retries
 
 CREDENTIALS = ("egress user", "s3cret:pw")
@@ -161,10 +162,10 @@ async def test_https_goes_through_a_tunnel_with_the_proxy_credentials(
         pool = Pool(f"https://localhost:{server.port}/v1", 2)
         first, second = await get(pool), await get(pool)  # both held: two connections
         for response in (first, second):
-            assert await response.read(1) == b"ok"
+            assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
             response.release()
         again = await get(pool)  # a kept-alive tunnel
-        await again.read(1)
+        await read_whole(again, 1, BODY_LIMIT)
         again.release()
         assert (
             egress.connects()
@@ -188,7 +189,7 @@ async def test_no_proxy_hosts_go_straight(
     async with serving(keep_answering, server_tls()) as server:
         pool = Pool(f"https://localhost:{server.port}/v1", 1)
         response = await get(pool)
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         response.release()
         assert egress.seen == [] and server.connections == 1
         pool.close()
@@ -202,7 +203,7 @@ async def test_plain_http_goes_to_the_proxy_in_absolute_form(
         pool = Pool(f"http://localhost:{server.port}/v1", 1)
         for _ in range(2):
             response = await get(pool)
-            assert await response.read(1) == b"ok"
+            assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
             response.release()
         url = f"http://localhost:{server.port}/v1/chat"
         assert [(seen.method, seen.target) for seen in egress.seen] == [("POST", url)] * 2
@@ -222,7 +223,7 @@ async def test_an_upstreams_own_proxy_wins(
         tunnelled = Pool(f"https://localhost:{server.port}/v1", 1, proxy=proxy_url(egress))
         for pool in (straight, tunnelled):
             response = await get(pool)
-            assert await response.read(1) == b"ok"
+            assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
             response.release()
             pool.close()
         assert egress.connects() == [f"localhost:{server.port}"]
@@ -263,7 +264,7 @@ async def test_an_https_egress_proxy_carries_tls_inside_tls(
         async with serving(keep_answering, server_tls()) as server:
             pool = Pool(f"https://localhost:{server.port}/v1", 1)
             response = await get(pool)
-            assert await response.read(1) == b"ok"
+            assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
             response.release()
             assert egress.connects() == [f"localhost:{server.port}"]
             pool.close()

@@ -16,11 +16,14 @@ import pytest
 
 from proxy.errors import StreamBroken
 from proxy.upstream import http1
+from proxy.upstream.answer import read_whole
 from proxy.upstream.connect import ConnectFailed
 from proxy.upstream.http1 import _HIGH_WATER, MAX_HEAD, BadAnswer, Disconnected, Response
 from proxy.upstream.pool import Pool, Progress
 from tests.fakes.scripted import TLS, server_tls
 
+# Bodies are read whole as the proxy reads them (answer.read_whole), with no bound to speak of.
+BODY_LIMIT = 1 << 30
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -113,7 +116,7 @@ async def test_a_connection_serves_one_request_after_another() -> None:
         for turn in range(3):
             progress = Progress()
             response = await get(pool, progress)
-            assert (response.status, await response.read(1)) == (200, b"ok")
+            assert (response.status, await read_whole(response, 1, BODY_LIMIT)) == (200, b"ok")
             assert response.headers == [("Content-Length", "2")]
             response.release()
             assert progress.reused is (turn > 0)
@@ -144,7 +147,7 @@ async def test_a_chunked_body_comes_chunk_by_chunk() -> None:
         assert got == events  # each as it came, not gathered
         response.release()
         again = await get(pool)
-        assert await again.read(1) == b"ok"
+        assert await read_whole(again, 1, BODY_LIMIT) == b"ok"
         again.release()
         assert server.connections == 1  # the stream's connection served the next request
         pool.close()
@@ -154,10 +157,10 @@ async def test_a_body_without_a_length_ends_with_the_connection() -> None:
     async with serving(answering(b"HTTP/1.0 200 OK\r\n\r\nall of it")) as server:
         pool = server.pool()
         response = await get(pool)
-        assert await response.read(1) == b"all of it"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"all of it"
         response.release()
         again = await get(pool)
-        await again.read(1)
+        await read_whole(again, 1, BODY_LIMIT)
         again.release()
         assert server.connections == 2  # never reused
         assert pool._open == 0
@@ -182,7 +185,7 @@ async def test_a_body_that_breaks_off_is_a_broken_stream(framing: bytes) -> None
         pool = server.pool()
         response = await get(pool)
         with pytest.raises(StreamBroken):
-            await response.read(1)
+            await read_whole(response, 1, BODY_LIMIT)
         assert pool._open == 0
 
 
@@ -214,10 +217,10 @@ async def test_informational_answers_are_skipped_and_head_gets_no_body() -> None
         pool = server.pool()
         response = await get(pool)
         assert (response.status, response.headers) == (200, [("Content-Length", "2")])
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         response.release()
         head = await pool.request("HEAD", "/", [], None, Progress())
-        assert (head.status, await head.read(1)) == (200, b"")
+        assert (head.status, await read_whole(head, 1, BODY_LIMIT)) == (200, b"")
         head.release()
         assert pool._open == 0  # an answer to HEAD leaves its connection unsure: closed
 
@@ -233,11 +236,11 @@ async def test_the_pool_holds_requests_beyond_its_bound_until_a_connection_is_fr
         await asyncio.sleep(0.05)
         assert waiting.phase == "pool" and not second.done()
         gives_up.cancel()  # a waiter that leaves takes no one's turn
-        await first.read(1)
+        await read_whole(first, 1, BODY_LIMIT)
         first.release()  # the turn of the first one waiting...
         woken.cancel()  # ...who leaves before taking it: it goes on to the next
         answer = await asyncio.wait_for(second, 1)
-        assert waiting.reused and await answer.read(1) == b"ok"
+        assert waiting.reused and await read_whole(answer, 1, BODY_LIMIT) == b"ok"
         answer.release()
         assert server.connections == 1
         pool.close()
@@ -253,7 +256,7 @@ async def test_those_waiting_are_served_in_the_order_they_came() -> None:
         async def request(name: str, again: bool) -> None:
             response = await get(pool)
             served.append(name)
-            await response.read(1)
+            await read_whole(response, 1, BODY_LIMIT)
             response.release()  # hands the connection on...
             if again:
                 await request(f"newcomer {name}", again=False)  # ...before this asks again
@@ -261,7 +264,7 @@ async def test_those_waiting_are_served_in_the_order_they_came() -> None:
         held = await get(pool)
         waiting = [asyncio.create_task(request(str(i), again=True)) for i in range(100)]
         await asyncio.sleep(0.05)  # all in line, in the order they came
-        await held.read(1)
+        await read_whole(held, 1, BODY_LIMIT)
         held.release()
         await asyncio.wait_for(asyncio.gather(*waiting), 10)
         assert served == [str(i) for i in range(100)] + [f"newcomer {i}" for i in range(100)]
@@ -277,7 +280,7 @@ async def test_a_dropped_connection_frees_its_place_for_one_waiting() -> None:
         await asyncio.sleep(0.05)
         first.close()
         answer = await asyncio.wait_for(second, 1)
-        assert await answer.read(1) == b"ok"
+        assert await read_whole(answer, 1, BODY_LIMIT) == b"ok"
         answer.release()
         assert server.connections == 2
         pool.close()
@@ -342,11 +345,11 @@ async def test_bytes_after_an_answer_drop_its_connection() -> None:
     async with serving(chatty) as server:
         pool = server.pool()
         response = await get(pool)
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         response.release()
         await asyncio.sleep(0.1)
         again = await get(pool)
-        assert await again.read(1) == b"ok"
+        assert await read_whole(again, 1, BODY_LIMIT) == b"ok"
         again.release()
         assert server.connections == 2
         pool.close()
@@ -385,7 +388,7 @@ async def test_the_pool_frames_each_request_itself() -> None:
     async with serving(keep_answering) as server:
         pool = server.pool()
         response = await pool.request("POST", "/a", given, b"{}", Progress())
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         response.release()
         assert server.heads == [
             b"POST /a HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-A: 1\r\nContent-Length: 2\r\n\r\n"
@@ -429,7 +432,7 @@ async def test_an_address_that_never_answers_costs_a_moment_not_the_connect_time
                 started = loop.time()
                 response = await get(pool)
                 assert loop.time() - started < 1
-                assert await response.read(1) == b"ok"
+                assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
                 response.release()
                 pool.close()
 
@@ -441,7 +444,7 @@ async def test_https_is_verified(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "cert.pem"))
         pool = Pool(f"https://localhost:{server.port}", 1)
         response = await get(pool)
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         response.release()
         assert b"\r\nHost: localhost:%d\r\n" % server.port in server.heads[-1]
         pool.close()
@@ -460,7 +463,7 @@ async def test_a_request_cancelled_at_any_step_frees_its_place_once() -> None:
                 request.cancel()
             for done in await asyncio.gather(*requests, return_exceptions=True):
                 if isinstance(done, Response):
-                    await done.read(1)
+                    await read_whole(done, 1, BODY_LIMIT)
                     done.release()
             await asyncio.sleep(0.01)  # connections closed meanwhile are forgotten
             assert len(pool._idle) <= pool._open <= 2
@@ -469,7 +472,7 @@ async def test_a_request_cancelled_at_any_step_frees_its_place_once() -> None:
         assert len(server.open) <= 2 and sum(r.done() for r in requests) == 2  # the bound held
         for request in requests:
             answer = await asyncio.wait_for(request, 1)
-            await answer.read(1)
+            await read_whole(answer, 1, BODY_LIMIT)
             answer.release()  # (a place for the third)
         pool.close()
 
@@ -480,7 +483,7 @@ async def test_an_idle_connection_is_not_used_after_its_time() -> None:
         for pause in (0, 0.2):
             await asyncio.sleep(pause)
             response = await get(pool)
-            await response.read(1)
+            await read_whole(response, 1, BODY_LIMIT)
             response.release()
         assert server.connections == 2  # the first was idle too long for the second
         pool.close()
@@ -496,10 +499,10 @@ async def test_bytes_after_an_answer_in_the_same_read_keep_it_and_drop_the_conne
     async with serving(answering(OK + stray, "keep")) as server:  # one write: one read
         pool = server.pool()
         response = await get(pool)
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         response.release()
         again = await get(pool)
-        assert await asyncio.wait_for(again.read(1), 1) == b"ok"
+        assert await asyncio.wait_for(read_whole(again, 1, BODY_LIMIT), 1) == b"ok"
         again.release()
         assert server.connections == 2
         pool.close()
@@ -511,7 +514,7 @@ async def test_trailer_fields_are_no_headers() -> None:
     async with serving(answering(head + body, "keep")) as server:
         pool = server.pool()
         response = await get(pool)
-        assert await response.read(1) == b"ok"
+        assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
         names = [name.lower() for name, _ in response.headers]
         assert names == ["transfer-encoding", "trailer"]
         response.release()
@@ -543,7 +546,7 @@ async def test_a_whole_head_over_its_bound_is_a_bad_answer(size: int) -> None:
         pool = server.pool()
         if size < MAX_HEAD:
             response = await asyncio.wait_for(get(pool), 5)
-            assert await response.read(1) == b"ok"
+            assert await read_whole(response, 1, BODY_LIMIT) == b"ok"
             response.release()
         else:
             with pytest.raises(BadAnswer, match="larger than"):
@@ -564,10 +567,10 @@ async def test_a_body_read_whole_after_reading_was_held_back_leaves_a_usable_con
         while not response.complete:
             await asyncio.sleep(0.01)
         assert response._paused  # complete, and reading held back by the same read
-        assert len(await response.read(1)) == 3000
+        assert len(await read_whole(response, 1, BODY_LIMIT)) == 3000
         response.release()
         again = await asyncio.wait_for(get(pool), 1)
-        assert await again.read(1) == b"ok"
+        assert await read_whole(again, 1, BODY_LIMIT) == b"ok"
         again.release()
         assert server.connections == 1
         pool.close()

@@ -260,18 +260,6 @@ class Response:
             except TimeoutError:
                 raise StreamBroken(f"no data for {idle_timeout:g} s") from None
 
-    async def read(self, idle_timeout: float) -> bytes:
-        """The whole body; the connection is closed when it breaks off."""
-        if self.complete and self._error is None:  # it all came with the head
-            body = b"".join(self._chunks)
-            self._chunks.clear()
-            return body
-        try:
-            return b"".join([chunk async for chunk in self.chunks(idle_timeout)])
-        except BaseException:
-            self.close()
-            raise
-
     def release(self) -> None:
         """Done with a body read to its end: the connection serves the next request."""
         if self._released:
