@@ -244,6 +244,35 @@ def test_a_system_message_of_the_evicted_part_follows_the_summary() -> None:
     FAKE.count(out)
 
 
+def test_every_system_message_of_a_view_follows_a_user_turn() -> None:
+    """Claude Code repeats its system message through a loop: evicted copies moved after the
+    summary sat side by side (the API's 400 in a real run), and one left after an assistant
+    turn when the user turn between was dropped."""
+    history = [
+        {"role": "user", "content": "a"},
+        {"role": "system", "content": "Be brief."},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "system", "content": [text("Be brief, still.")]},
+        {"role": "assistant", "content": "d"},
+        {"role": "user", "content": "e"},
+        {"role": "system", "content": "Last."},
+        {"role": "assistant", "content": "f"},
+        {"role": "user", "content": "g"},
+    ]
+    parsed = parse(history)
+    plan = policies.Plan(cut=5, summary=policies.Summary("S", "llm"), covered=6)
+    summarised = policies.render_entries(parsed.messages, plan)
+    dropped = [(i, m) for i, m in enumerate(parsed.messages) if i != 6]  # the user turn "e"
+    for entries in (summarised, dropped):
+        out = rendered(parsed, entries)
+        roles = [m["role"] for m in out["messages"]]
+        assert all(roles[i - 1] == "user" for i, r in enumerate(roles) if r == "system"), roles
+        said = orjson.dumps(out["messages"])
+        assert all(s in said for s in (b"Be brief.", b"Be brief, still.", b"Last."))
+        FAKE.count(out)
+
+
 def test_only_the_current_tool_loops_thinking_is_kept() -> None:
     history = [
         {"role": "user", "content": "go"},

@@ -7,6 +7,7 @@ of unchanged messages written as the client's bytes of it.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any, cast
@@ -108,7 +109,7 @@ def view_items(parsed: Parsed, entries: Entries, breakpoints: bool) -> list[Any]
             for index, group in groups(parsed, entries)
             for item in group
         ]
-        pairs = _systems_after_header(pairs)
+        pairs = _systems_after_users(_systems_after_header(pairs))
         items, sources = [item for item, _ in pairs], [source for _, source in pairs]
         edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
         last_edit = spans[edited[-1]].start if edited else -1
@@ -185,3 +186,41 @@ def _systems_after_header(pairs: list[tuple[Any, int | None]]) -> list[tuple[Any
     moved = [pair for pair in before if pair[0].get("role") == "system"]
     kept = [pair for pair in before if pair[0].get("role") != "system"]
     return [*kept, pairs[header], *moved, *pairs[header + 1 :]]
+
+
+Pair = tuple[Any, int | None]
+
+
+def _systems_after_users(pairs: list[Pair]) -> list[Pair]:
+    """The items with every system message right after a user turn, as the API requires (a
+    view can leave two side by side, or one after an assistant turn, when the messages between
+    were removed): one that follows a system message is joined to it, one that follows no
+    user turn waits for the next."""
+    out: list[Pair] = []
+    waiting: list[Pair] = []
+    for pair in pairs:
+        role = pair[0].get("role")
+        if role == "system" and out and out[-1][0].get("role") == "system":
+            out[-1] = _joined(out[-1], pair)
+        elif role == "system" and (not out or out[-1][0].get("role") != "user"):
+            waiting.append(pair)
+        else:
+            out.append(pair)
+            if role == "user" and waiting:
+                out.append(functools.reduce(_joined, waiting))
+                waiting = []
+    return out + waiting
+
+
+def _joined(first: Pair, second: Pair) -> Pair:
+    """Two system messages as one: the first's place and fields, both contents in order."""
+    (a, source), b = first, second[0]
+
+    def blocks(content: Any) -> list[Any]:
+        return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+    if isinstance(a.get("content"), str) and isinstance(b.get("content"), str):
+        content: Any = f"{a['content']}\n\n{b['content']}"
+    else:
+        content = blocks(a.get("content", "")) + blocks(b.get("content", ""))
+    return {**a, "content": content}, source
