@@ -30,6 +30,7 @@ class Draft:
         self.plan = plan
         self.ctx = ctx
         self.cut = min(plan.cut, len(ctx.chain))
+        self.task = plan.task if plan.task is not None and plan.task < self.cut else None
         self.summary = plan.summary
         # Stored edits apply to the messages as they are sent now (fields the chain does not
         # hash may have changed since), so counts and the view are those of what goes out.
@@ -42,10 +43,14 @@ class Draft:
         self.anchor_cap = ctx.anchor_block_max_tokens
         self.changed: list[int] = []
         self._touched = False
-        self._body = sum(ctx.chain_tokens[self.cut :]) + sum(
-            ctx.message_tokens(p, edit) - ctx.chain_tokens[p]
-            for p, edit in self.edits.items()
-            if self.cut <= p < len(ctx.chain)
+        self._body = (
+            sum(ctx.chain_tokens[self.cut :])
+            + self.tokens_at(self.task)
+            + sum(
+                ctx.message_tokens(p, edit) - ctx.chain_tokens[p]
+                for p, edit in self.edits.items()
+                if self.cut <= p < len(ctx.chain)
+            )
         )
         self.header = self.header_cost(self.summary)
         self._lost: dict[str, None] = {}
@@ -67,11 +72,27 @@ class Draft:
     def current(self, position: int) -> Message | None:
         """The message at `position` as the view shows it (None when evicted or dropped)."""
         if position < self.cut:
-            return None
+            return self.ctx.chain[position] if position == self.task else None
         return self.edits.get(position, self.ctx.chain[position])
 
-    def tokens_at(self, position: int) -> int:
+    def tokens_at(self, position: int | None) -> int:
+        if position is None:
+            return 0
         return self.ctx.message_tokens(position, self.current(position))
+
+    def task_after(self, cut: int) -> int | None:
+        """The task the view keeps verbatim once the chain before `cut` is evicted: the
+        current one, when the cut passes it (a summary of an agent loop's rounds), else the
+        one kept so far."""
+        task = self.ctx.task
+        return task if task is not None and self.cut <= task < cut else self.task
+
+    def evicted(self, cut: int) -> list[int]:
+        """The positions that evicting the chain before `cut` removes from the view: those
+        from the current cut on but the task kept, and a task kept so far that no longer is."""
+        kept = self.task_after(cut)
+        earlier = [self.task] if self.task is not None and self.task != kept else []
+        return [*earlier, *(p for p in range(self.cut, cut) if p != kept)]
 
     def candidates(self, positions: Iterable[int]) -> list[tuple[int, Message]]:
         """The messages at `positions` that are neither in the current turn nor gone."""
@@ -92,12 +113,13 @@ class Draft:
         self._lose(position, still, salient=level is None)
 
     def evict(self, cut: int, summary: Summary | None) -> None:
-        """Replace the chain before `cut` by `summary`."""
-        for position in range(self.cut, cut):
+        """Replace the chain before `cut`, but the task kept (`task_after`), by `summary`."""
+        kept = self.task_after(cut)
+        for position in self.evicted(cut):
             self._body -= self.tokens_at(position)
             self._lose(position, summary.shown if summary is not None else "")
             self.changed.append(position)
-        self.cut = cut
+        self.cut, self.task = cut, kept
         self.set_summary(summary)
 
     def set_summary(self, summary: Summary | None) -> None:
@@ -113,6 +135,7 @@ class Draft:
             edits={p: e for p, e in self.edits.items() if p >= self.cut},
             covered=max(self.plan.covered, len(self.ctx.chain)),
             levels={p: level for p, level in self.levels.items() if p >= self.cut},
+            task=self.task,
         )
         lost = lost_anchors(self.messages, plan, self.ctx)
         self.anchor_block = anchor_block(lost, self.anchor_cap, self.ctx.counter)

@@ -30,9 +30,11 @@ class Plan:
     Chain positions index the non-system messages. Positions before `cut` are replaced by
     `summary`; `edits` replace (or, with None, drop) later messages; `levels` is the
     compression level of each edit that is a compressed tool output (so that the next
-    compaction goes on from it); `covered` is how many chain positions the plan was computed
-    over; `anchors_truncated` says that its view lacks anchors of what it removed (they did
-    not fit their cap), so that every response built from it says so. The empty plan changes
+    compaction goes on from it); `task` is a position before `cut` shown verbatim all the
+    same, before the summary: the task of an agent loop whose tool rounds the summary stands
+    for; `covered` is how many chain positions the plan was computed over;
+    `anchors_truncated` says that its view lacks anchors of what it removed (they did not
+    fit their cap), so that every response built from it says so. The empty plan changes
     nothing.
     """
 
@@ -43,9 +45,12 @@ class Plan:
     covered: int = 0
     anchors_truncated: bool = False
     levels: Mapping[int, int] = field(default_factory=dict)
+    task: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able form (edit keys become strings)."""
+        """A JSON-able form (edit keys become strings). `task` only when there is one: a plan
+        without it is stored as the versions before it stored plans."""
+        task = {} if self.task is None else {"task": self.task}
         return {
             "cut": self.cut,
             "summary": None if self.summary is None else _summary_dict(self.summary),
@@ -54,6 +59,7 @@ class Plan:
             "covered": self.covered,
             "anchors_truncated": self.anchors_truncated,
             "levels": {str(position): level for position, level in self.levels.items()},
+            **task,
         }
 
     @classmethod
@@ -70,11 +76,15 @@ class Plan:
                 # Absent from plans stored before they were recorded.
                 anchors_truncated=data.get("anchors_truncated", False),
                 levels={int(k): v for k, v in data.get("levels", {}).items()},
+                # Absent from plans that keep no task, and from those of earlier versions.
+                task=data.get("task"),
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a plan: {error!r}") from error
         if plan.cut < 0 or plan.covered < 0 or any(p < 0 for p in plan.edits):
             raise ValueError("not a plan: a negative position")
+        if plan.task is not None and not (type(plan.task) is int and 0 <= plan.task < plan.cut):
+            raise ValueError("not a plan: the task is not a position before the cut")
         if plan.summary is not None and plan.summary.kind not in ("llm", "digest"):
             raise ValueError(f"not a plan: summary kind {plan.summary.kind!r}")
         summary = plan.summary or Summary("", "llm")
@@ -128,7 +138,8 @@ def render_entries(
     None for the header message. Wire formats map the view back to their own items by it.
 
     System messages stay verbatim and in order; those inside the evicted prefix move before
-    the header message, which stands where the kept part of the chain begins.
+    the header message, which stands where the kept part of the chain begins, as does the
+    plan's `task`.
     """
     header = header_message(plan.summary, plan.anchor_block, summary_role)
     entries: list[tuple[int | None, Message]] = []
@@ -142,9 +153,9 @@ def render_entries(
             entries.append((index, message))
             continue
         position += 1
-        if position <= plan.cut:
+        if position <= plan.cut and position - 1 != plan.task:
             continue
-        if header is not None:
+        if header is not None and position > plan.cut:
             entries.append((None, header))
             header = None
         edit = edits.get(position - 1, message) if edits else message

@@ -234,8 +234,12 @@ def view_problems(messages: Sequence[Message], view: Sequence[Message]) -> list[
     headers = [i for i, m in enumerate(view) if is_header(m)]
     if len(headers) > 1:
         problems.append(f"{len(headers)} header messages")
-    if headers and not all(is_system(m) for m in view[: headers[0]]):
-        problems.append("the header is not right after the leading system messages")
+    # Before the header: system messages, and the task of an agent loop whose rounds the
+    # summary stands for (a user message kept verbatim).
+    if headers and len([m for m in view[: headers[0]] if not is_system(m)]) > 1:
+        problems.append("more than a task between the system messages and the header")
+    if headers and not all(is_system(m) or m.get("role") == "user" for m in view[: headers[0]]):
+        problems.append("the header is not right after the system messages (and the task)")
     # Matched from the end: identical messages (two empty user messages) then pair up with
     # the newest originals, which is where the current turn is.
     origin, exact = len(messages), set()

@@ -465,10 +465,55 @@ async def test_without_a_summarizer_the_digest_is_the_summary() -> None:
     assert plan.summary is not None and plan.summary.kind == "digest"
 
 
-async def test_summarize_leaves_the_current_turn_of_an_agent_loop() -> None:
-    messages = agent_loop(6, 300)  # one round: before the task there is nothing to evict
-    ctx = context(messages, 1024, summarizer=echo)
-    assert await run("summarize", messages, Plan(), ctx, SummarizeParams()) == (Plan(), [])
+async def test_summarize_keeps_the_task_and_summarises_the_rounds_of_an_agent_loop() -> None:
+    messages = agent_loop(6, 300)  # one round: everything to evict comes after the task
+    ctx = context(messages, 2048, summarizer=echo)
+    plan, _ = await run("summarize", messages, Plan(), ctx, SummarizeParams())
+    view = render(messages, plan)
+    assert plan.task == ctx.task == 0 and plan.cut > 1
+    assert view[1] == messages[1]  # the task verbatim, right after the system message
+    assert view[2]["content"].startswith(SUMMARY_HEADING)
+    assert view[-2:] == messages[-2:]  # the current turn
+    assert view_problems(messages, view) == []
+    assert tokens(messages, plan, ctx) <= ctx.aim_tokens
+
+
+async def test_the_summary_of_agent_rounds_is_made_from_the_original_outputs() -> None:
+    messages = agent_loop(8, 300)
+    ctx = context(messages, 2048, summarizer=echo)
+    cleared, _ = await run("clear_tool_results", messages, Plan(), ctx)
+    seen: list[SummaryRequest] = []
+
+    async def recording(request: SummaryRequest) -> str:
+        seen.append(request)
+        return await echo(request)
+
+    ctx = context(messages, 2048, summarizer=recording)
+    plan, _ = await run("summarize", messages, cleared, ctx)
+    (request,) = seen
+    assert plan.task not in request.positions
+    assert request.evicted == [ctx.chain[p] for p in request.positions]
+    assert set(request.positions) & set(cleared.edits)  # cleared results went in whole
+
+
+async def test_a_new_task_takes_the_kept_one_s_place_and_the_old_one_is_summarised() -> None:
+    messages = agent_loop(6, 300)
+    ctx = context(messages, 2048, summarizer=echo)
+    plan, _ = await run("summarize", messages, Plan(), ctx)
+    later = [*messages, {"role": "assistant", "content": "Done."}]
+    later += [{"role": "user", "content": "Now the other test."}]
+    later += agent_loop(6, 300)[2:]
+    seen: list[SummaryRequest] = []
+
+    async def recording(request: SummaryRequest) -> str:
+        seen.append(request)
+        return await echo(request)
+
+    ctx = context(later, 2048, summarizer=recording)
+    new, _ = await run("summarize", later, plan, ctx)
+    assert new.task == ctx.task and new.cut > ctx.task
+    assert 0 in seen[0].positions  # the old task, no longer kept, is summarised
+    assert view_problems(later, render(later, new)) == []
 
 
 @pytest.mark.parametrize(

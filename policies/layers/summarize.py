@@ -1,11 +1,14 @@
 """summarize: the oldest part of the chain is replaced by a rolling summary.
 
 The cut stays outside the protected part and the current turn, never splits a tool block and
-is preferably a round start; it is the first that brings the view to the target (or the
-last allowed). The summarizer gets the previous summary and the newly evicted messages as
-the view showed them. Without a summarizer, or when it fails, returns nothing or too much,
-the mechanical digest takes the summary's place, marked as a digest; after an LLM summary,
-that summary stays as it was and the digest of the newly evicted part follows it.
+is preferably a round start; it is the first that brings the view to the target (or the last
+allowed). In an agent loop it may pass the task (the last user message): the task stays
+verbatim, before the summary of the rounds since. The summarizer gets the previous summary
+and the newly evicted messages as the client sent them (never a compressed, cleared or
+truncated form), those an earlier layer dropped too: what they held is not lost for good.
+Without a summarizer, or when it fails, returns nothing or too much, the mechanical digest
+takes the summary's place, marked as a digest; after an LLM summary, that summary stays as
+it was and the digest of the newly evicted part follows it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from policies.context import Context
 from policies.digest import digest
 from policies.draft import Draft
-from policies.message import Message, media_as_labels, visible_text
+from policies.message import media_as_labels, visible_text
 from policies.summary import TAIL_HEADING, Summary, SummaryRequest
 
 OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower than ours
@@ -41,8 +44,7 @@ async def summarize(draft: Draft, params: SummarizeParams) -> str:
         return ""
     request = summary_request(draft, cut, params)
     if request is None:
-        draft.evict(cut, draft.summary)
-        return "only dropped messages evicted"
+        return ""
     text, detail = await _llm_summary(request, ctx)
     if text is not None:
         draft.evict(cut, Summary(text, "llm"))
@@ -79,7 +81,9 @@ def _digested(
 
 def _shown(draft: Draft, cut: int) -> str:
     """The text the view keeps of the chain after `cut`, whitespace normalised."""
-    kept = (draft.current(p) for p in range(cut, len(draft.ctx.chain)))
+    task = draft.task_after(cut)
+    positions = [*([] if task is None else [task]), *range(cut, len(draft.ctx.chain))]
+    kept = (draft.current(p) for p in positions)
     return " ".join(" ".join(visible_text(m).split()) for m in kept if m is not None)
 
 
@@ -90,26 +94,20 @@ def summary_request(
     there is still shown). With `kept`, an LLM summary that stays as it is, the cap is that
     of a digest of its tail and the newly evicted part."""
     ctx = draft.ctx
-    positions = range(draft.cut, cut)
-    shown = [(p, m) for p in positions if (m := _original(draft, p)) is not None]
-    if not shown:
+    positions = draft.evicted(cut)
+    if not positions:
         return None
     removed = sum(map(draft.tokens_at, positions))
     max_tokens = output_cap(_previous_tokens(draft, kept), removed, ctx, params)
     return SummaryRequest(
         draft.summary,
-        [media_as_labels(m) for _, m in shown],
+        [media_as_labels(ctx.chain[p]) for p in positions],
         max_tokens,
         ctx.instructions,
         start=draft.cut,
         end=cut,
-        positions=tuple(p for p, _ in shown),
+        positions=tuple(positions),
     )
-
-
-def _original(draft: Draft, position: int) -> Message | None:
-    """The message as the view shows it, a compressed tool output as the client sent it."""
-    return draft.ctx.chain[position] if position in draft.levels else draft.current(position)
 
 
 def _previous_tokens(draft: Draft, kept: Summary | None) -> int:
@@ -134,9 +132,7 @@ def choose_cut(draft: Draft, params: SummarizeParams, *, kept: Summary | None = 
     summary of the cap's size, is at the target; the last allowed one when none is. With
     `kept`, an LLM summary that stays, the summary costs that and a digest of the cap's size."""
     ctx = draft.ctx
-    limit = min(
-        ctx.protected_start, ctx.turn_start, len(ctx.chain) if ctx.task is None else ctx.task
-    )
+    limit = min(ctx.protected_start, ctx.turn_start)
     previous = _previous_tokens(draft, kept)
     fixed = ctx.counter.text(kept.text) + ctx.counter.text(TAIL_HEADING) + 2 if kept else 0
     rest = draft.tokens - draft.header + draft.header_cost(Summary("", "digest"))
@@ -144,6 +140,8 @@ def choose_cut(draft: Draft, params: SummarizeParams, *, kept: Summary | None = 
     lost: set[str] = set()
     first = last = draft.cut
     for cut in range(draft.cut + 1, limit + 1):
+        if cut - 1 == ctx.task:
+            continue  # kept verbatim: not a cut that removes anything
         removed += draft.tokens_at(cut - 1)
         for anchor in set(ctx.anchor_matches(cut - 1)) - lost:
             lost.add(anchor)
