@@ -2,9 +2,11 @@
 
 What the user said comes first: every requirement and every fact-like part of the evicted
 user messages (numbers, ids, names, dates, quoted text, addresses), each cut down to the
-clauses that carry it; then what the user said otherwise, the assistant's decisions and open
-items, errors and tool calls. Each part is kept newest first while the cap lasts, and what
-the view still shows verbatim is left out.
+clauses that carry it; then what the tools found (the lines that stand out of a templated
+output, see `policies.compress.findings`) and the errors they reported (their salient lines,
+as compression keeps them); then what the user said otherwise, the assistant's decisions and
+open items, and the tool calls with their arguments (the files and commands). Each part is
+kept newest first while the cap lasts, and what the view still shows verbatim is left out.
 
 It is rolling like a summary: a previous digest is parsed back and extended (an LLM summary
 is never rewritten into it: the digest follows it, see `Summary.tail`). Messages are read
@@ -20,17 +22,28 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from policies.compress import finding_lines, salient_lines
 from policies.counting import Counter
-from policies.message import Message, call_arguments, call_name, content_text, tool_calls
+from policies.message import (
+    Message,
+    call_arguments,
+    call_name,
+    content_text,
+    is_error_result,
+    tool_calls,
+)
 
-REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN = (
+REQUESTS, FINDINGS, DECISIONS, TOOLS, ERRORS, OPEN = (
     "User requests",
+    "Findings",
     "Decisions",
     "Tool calls",
     "Errors",
     "Open items",
 )
-SECTIONS = (REQUESTS, DECISIONS, TOOLS, ERRORS, OPEN)
+SECTIONS = (REQUESTS, FINDINGS, DECISIONS, TOOLS, ERRORS, OPEN)
+TOOL_KNOWLEDGE = (FINDINGS, ERRORS)
+TOOL_LINES = 3  # of each kind, an output's first: more of one output crowds the others out
 MAX_TOKENS = 2048
 ITEM_TOKENS = 60  # one item is a line; a long one keeps its beginning
 GIST_TOKENS = 20  # what is kept of a user message that tells nothing in particular
@@ -42,9 +55,6 @@ MAX_MISSES = 16  # items in a row that did not fit, after which older ones are n
 DECISION = re.compile(
     r"\b(i will|i'll|we will|we'll|let's|decided|going to|has been|have been|confirmed|"
     r"i have (?:updated|booked|cancelled|changed|created|fixed|added|removed|made))\b"
-)
-ERROR = re.compile(
-    r"\b(error|exception|traceback|failed|failure|not found|invalid|denied|unable|cannot)\b"
 )
 OPEN_ITEM = re.compile(r"\b(todo|next step|remaining|pending|still need|follow[- ]up|not yet)\b")
 REQUIREMENT = re.compile(
@@ -83,8 +93,11 @@ def digest(
     # Newest first, each with its age: what the user said that tells, then the rest.
     items = list(enumerate(itertools.chain(_newest_first(evicted), reversed(_parse(previous)))))
     first = [(age, item) for age, item in items if _tells(item)]
-    rest = [(age, item) for age, item in items if not _tells(item)]
-    return _layout((first, rest), min(max_tokens, MAX_TOKENS), counter, shown)
+    found = [(age, item) for age, item in items if item[0] in TOOL_KNOWLEDGE]
+    rest = [
+        (age, item) for age, item in items if not _tells(item) and item[0] not in TOOL_KNOWLEDGE
+    ]
+    return _layout((first, found, rest), min(max_tokens, MAX_TOKENS), counter, shown)
 
 
 def telling(text: str) -> bool:
@@ -125,10 +138,11 @@ def _items(message: Message, names: dict[object, str]) -> list[Item]:
                 items.append((OPEN, sentence))
     if role == "assistant":
         items += ((TOOLS, call) for call in tool_calls(message))
-    if role == "tool" and (error := ERROR.search(low)):
-        start, end = text.rfind("\n", 0, error.start()) + 1, text.find("\n", error.end())
+    if role == "tool":
         name = names.get(message.get("tool_call_id")) or message.get("name") or "tool"
-        items.append((ERRORS, f"{name}: {text[start : end if end >= 0 else len(text)]}"))
+        errors = salient_lines(text, is_error=is_error_result(message))[:TOOL_LINES]
+        items += ((ERRORS, f"{name}: {line}") for line in errors)
+        items += ((FINDINGS, line) for line in finding_lines(text)[:TOOL_LINES])
     return items
 
 

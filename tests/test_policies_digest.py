@@ -133,3 +133,53 @@ def test_nothing_to_tell_is_an_empty_digest() -> None:
     assert (
         digest(None, [{"role": "assistant", "content": ""}], max_tokens=50, counter=COUNTER) == ""
     )
+
+
+def _build_log(fact: str, error: str | None = None) -> str:
+    lines = [f"[build 07.{n:03d}] compiling module cache/ABCDE in {n * 7} ms" for n in range(40)]
+    lines.insert(20, fact)
+    if error is not None:
+        lines.insert(30, error)
+    return "\n".join(["== step 07 ==", *lines, "== step 07 =="])
+
+
+def _shell_round(call_id: str, command: str, output: str) -> list[dict]:
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "shell", "arguments": json.dumps({"command": command})},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": output},
+    ]
+
+
+def test_tool_findings_errors_and_commands_are_kept() -> None:
+    evicted = _shell_round(
+        "c1",
+        "cat logs/step-07.log",
+        _build_log("FACT-07: the build cache key is 9f3a1c2e.", "ERROR: linker failed on x.o"),
+    )
+    text = digest(None, evicted, max_tokens=500, counter=COUNTER)
+    assert "Findings:\n- FACT-07: the build cache key is 9f3a1c2e." in text
+    assert "- shell: ERROR: linker failed on x.o" in text
+    assert "- shell(command=cat logs/step-07.log)" in text
+
+
+def test_tool_findings_come_before_tool_calls_and_roll_into_the_next_digest() -> None:
+    rounds = [
+        _shell_round(f"c{n}", f"cat logs/step-{n:02d}.log", _build_log(f"FACT-{n:02d}: k{n}."))
+        for n in range(1, 9)
+    ]
+    first = digest(None, [m for r in rounds[:4] for m in r], max_tokens=500, counter=COUNTER)
+    rolled = digest(first, [m for r in rounds[4:] for m in r], max_tokens=500, counter=COUNTER)
+    assert all(f"- FACT-{n:02d}: k{n}." in rolled for n in range(1, 9))
+    tight = digest(None, [m for r in rounds for m in r], max_tokens=120, counter=COUNTER)
+    assert all(f"FACT-{n:02d}" in tight for n in range(1, 9)) and "step-01.log" not in tight
+
+
+def test_an_output_without_a_template_has_no_findings() -> None:
+    source = "\n".join(f"def f{n}(x):\n    return x + {n}" for n in range(5))
+    text = digest(None, _shell_round("c1", "cat a.py", source), max_tokens=500, counter=COUNTER)
+    assert "Findings" not in text

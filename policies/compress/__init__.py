@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.compress import formats, json_form
+from policies.compress.findings import finding_lines
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, collapse_repeats, compress_lines
 from policies.compress.marker import PREFIX, Marker
@@ -28,7 +29,16 @@ SALIENT_CHARS = 240  # …each at most this long (its beginning)
 _BLOB_SHARE = 0.5  # an output that is more than half blobs is a blob
 DEFAULT_LIMITS = Limits()
 
-__all__ = ["KINDS", "PREFIX", "Compressed", "Limits", "Marker", "compress", "detect"]
+__all__ = [
+    "KINDS",
+    "PREFIX",
+    "Compressed",
+    "Limits",
+    "Marker",
+    "compress",
+    "detect",
+    "finding_lines",
+]
 
 
 class Compressed:
