@@ -30,6 +30,7 @@ from policies.message import Message, content_text
 from policies.pipeline import Compaction, compact, make_context, run_layer
 from policies.plan import HEADINGS, Plan, header_message, render, render_entries
 from policies.policy import Policy
+from policies.prepared import Rolled, roll_prepared
 from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "Message",
     "Plan",
     "Policy",
+    "Rolled",
     "Status",
     "SummarizeParams",
     "Summarizer",
@@ -72,6 +74,7 @@ __all__ = [
     "message_digest",
     "render",
     "render_entries",
+    "roll_prepared",
     "rounds",
     "run_layer",
     "tool_blocks",

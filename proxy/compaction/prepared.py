@@ -255,7 +255,8 @@ async def _with_prepared(
     request: policies.SummaryRequest,
 ) -> str:
     """Use the summary made ahead of time when it covers the start of what is evicted now:
-    no LLM call on the request path; what lies past its end is rolled in as a digest."""
+    no LLM call on the request path when what lies past its end fits beside it as a digest,
+    else a call that folds that part into it (`policies.roll_prepared`)."""
     usable = (
         request.start == prepared.start
         and prepared.end <= request.end
@@ -264,11 +265,7 @@ async def _with_prepared(
     )
     if not usable:
         return await llm(request)
-    rest = [m for m, p in zip(request.evicted, request.positions, strict=True) if p >= prepared.end]
-    if not rest:
-        return prepared.text
-    room = request.max_tokens - counter.text(prepared.text)
-    if room <= 16:
-        return prepared.text
-    tail = policies.digest(None, rest, max_tokens=room, counter=counter)
-    return f"{prepared.text}\n\n{tail}"
+    rolled = policies.roll_prepared(prepared.text, prepared.start, prepared.end, request, counter)
+    if isinstance(rolled, policies.SummaryRequest):
+        return await llm(rolled)
+    return rolled.text
