@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from policies.compress import finding_lines, salient_lines
+from policies.compress.salience import is_salient_text
 from policies.counting import Counter
 from policies.message import (
     Message,
@@ -140,9 +141,12 @@ def _items(message: Message, names: dict[object, str]) -> list[Item]:
         items += ((TOOLS, call) for call in tool_calls(message))
     if role == "tool":
         name = names.get(message.get("tool_call_id")) or message.get("name") or "tool"
-        errors = salient_lines(text, is_error=is_error_result(message))[:TOOL_LINES]
-        items += ((ERRORS, f"{name}: {line}") for line in errors)
-        items += ((FINDINGS, line) for line in finding_lines(text)[:TOOL_LINES])
+        found = finding_lines(text)
+        salient = salient_lines(text, is_error=is_error_result(message))
+        errors = [line for line in salient if line not in found or is_salient_text(line)]
+        items += ((ERRORS, f"{name}: {line}") for line in errors[:TOOL_LINES])
+        findings = [line for line in found if line not in errors]
+        items += ((FINDINGS, line) for line in findings[:TOOL_LINES])
     return items
 
 

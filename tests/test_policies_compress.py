@@ -11,7 +11,15 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.compress import Compressed, Limits, Marker, compress, detect, salient_lines
+from policies.compress import (
+    Compressed,
+    Limits,
+    Marker,
+    compress,
+    detect,
+    finding_lines,
+    salient_lines,
+)
 from policies.compress.salience import is_salient_text
 
 BUDGETS = st.sampled_from([None, 40, 400, 2000, 8000])
@@ -290,3 +298,18 @@ def test_limits_are_checked_and_change_the_form() -> None:
     assert "after 2" not in narrow.text.split("\n") and "after 2" in wide.text.split("\n")
     assert compress(text, 200, kinds=("json",)) is None
     assert is_salient_text("NullPointerException at Foo") and not is_salient_text("all fine")
+
+
+def _templated_log(finding: str) -> str:
+    lines = [f"[build 07.{n:03d}] compiling module cache/ABCDE in {n * 7} ms" for n in range(200)]
+    lines.insert(100, finding)
+    return "\n".join(lines)
+
+
+def test_a_templated_output_keeps_what_stands_out_of_it() -> None:
+    log = _templated_log("FACT-07: the build cache key is 9f3a1c2e.")
+    compressed = compress(log, 1000)
+    assert compressed is not None and "FACT-07: the build cache key is 9f3a1c2e." in compressed.text
+    assert salient_lines(log) == ["FACT-07: the build cache key is 9f3a1c2e."]
+    source = "def area(r):\n    pi = 3.14\n    return pi * r * r\n\nprint(area(2))"
+    assert finding_lines(source) == []  # no template: nothing stands out

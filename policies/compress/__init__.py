@@ -8,8 +8,9 @@ The same text, budget and limits always give the same bytes (plans replay them, 
 caches keep hitting), and the result is always shorter than the text, or None.
 
 `salient_lines(text)` is what must stay visible when the output itself goes: its error and
-failure lines, or the JSON records that differ from the rest, each a verbatim piece of what
-the compressed form keeps.
+failure lines and its findings (the lines that stand out of a templated output, see
+`findings`), or the JSON records that differ from the rest, each a verbatim piece of what the
+compressed form keeps.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.compress import formats, json_form
-from policies.compress.findings import finding_lines
+from policies.compress.findings import finding_indices, finding_lines
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, collapse_repeats, compress_lines
 from policies.compress.marker import PREFIX, Marker
@@ -96,7 +97,8 @@ def salient_lines(
             return []
         else:
             lines = text.split("\n")
-            found = dict.fromkeys(lines[i].strip() for i in error_lines(text))
+            indices = sorted({*error_lines(text), *finding_indices(lines)})
+            found = dict.fromkeys(lines[i].strip() for i in indices)
             picked = [line for line in found if line]
     if len(picked) > SALIENT_LINES:  # the first errors (the cause) and the last (the outcome)
         picked = picked[:3] + picked[3 - SALIENT_LINES :]

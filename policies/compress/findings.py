@@ -24,13 +24,19 @@ def _form(line: str) -> str:
     return _DIGITS.sub("0", line)[:FORM_CHARS]
 
 
-def finding_lines(text: str) -> list[str]:
-    """The lines of `text` that stand out of its template, in order, each at most
-    FINDING_CHARS characters; none when it has no template or too much stands out."""
-    lines = [line.strip() for line in text.split("\n")]
-    lines = [line for line in lines if line]
-    forms = Counter(map(_form, lines))
-    if not forms or max(forms.values()) < MIN_REPEATS:
+def finding_indices(lines: list[str]) -> list[int]:
+    """The indices of the `lines` that stand out of their template, in order; none when they
+    have no template or too many stand out."""
+    forms = [_form(line.strip()) if line.strip() else None for line in lines]
+    counts = Counter(form for form in forms if form is not None)
+    if not counts or max(counts.values()) < MIN_REPEATS:
         return []
-    found = [line[:FINDING_CHARS] for line in lines if forms[_form(line)] == 1]
+    found = [i for i, form in enumerate(forms) if form is not None and counts[form] == 1]
     return found if len(found) <= MAX_FINDINGS else []
+
+
+def finding_lines(text: str) -> list[str]:
+    """The lines of `text` that stand out of its template (`finding_indices`), stripped, each
+    at most FINDING_CHARS characters."""
+    lines = text.split("\n")
+    return [lines[i].strip()[:FINDING_CHARS] for i in finding_indices(lines)]

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import groupby
 
+from policies.compress.findings import finding_indices
 from policies.compress.limits import Limits
 from policies.compress.salience import block_end, error_lines, warning_lines
 
@@ -109,6 +110,7 @@ def compress_lines(text: str, budget: int, limits: Limits) -> Shrunk:
         end = block_end(lines, line)
         salient.update(range(line, end))
         blocks.append((line, end))
+    salient.update(finding_indices(lines))  # what the output found: kept like its errors
     warnings = [w for w in warning_lines(lines) if w not in salient]
     # Warnings count by their distinct runs: a repeated warning is one.
     kept_warnings = list(dict.fromkeys(runs.of_line[w] for w in warnings))[: limits.warning_lines]
