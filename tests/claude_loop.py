@@ -137,16 +137,22 @@ def cache_read_share(turns: list[Turn]) -> float:
 
 
 def run_loop(
-    iterations: int, *, breakpoints: bool, thinking: bool = True, marks: bool = True
+    iterations: int,
+    *,
+    breakpoints: bool,
+    thinking: bool = True,
+    marks: bool = True,
+    **policy: Any,
 ) -> tuple[list[Turn], list[bytes]]:
-    """The loop through a proxy (policy `cache_breakpoints` as given, the anchors watched) in
-    front of a fake Anthropic API with the loop's window: its turns, and the bodies of the
-    Messages requests the fake received (summaries left out)."""
+    """The loop through a proxy (policy `cache_breakpoints` as given, the anchors watched,
+    and `policy`'s other keys) in front of a fake Anthropic API with the loop's window: its
+    turns, and the bodies of the Messages requests the fake received (summaries left out)."""
     with FakeAnthropic(windows={MODEL: WINDOW}) as up:
+        settings = {"cache_breakpoints": breakpoints, "anchors": [ANCHOR], **policy}
         config = {
             "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
             "models": [{"match": MODEL, "context_window": WINDOW}],
-            "policies": {"default": {"cache_breakpoints": breakpoints, "anchors": [ANCHOR]}},
+            "policies": {"default": settings},
         }
         with (
             proxy_server(loads(yaml.safe_dump(config))) as proxy,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from tests.claude_loop import ANCHOR, WINDOW, Turn, cache_read_share, run_loop
+from tests.claude_loop import ANCHOR, TASK, WINDOW, Turn, cache_read_share, run_loop
 
 ITERATIONS = 40
 
@@ -41,3 +41,29 @@ def test_the_proxys_breakpoints_read_more_of_the_prompt_from_the_cache(
     on, off = (cache_read_share(loops[b][0]) for b in (True, False))
     print(f"\ncache-read share of prompt tokens: breakpoints on {on:.1%}, off {off:.1%}")
     assert on > off + 0.2
+
+
+def test_the_loop_s_rounds_are_summarised_after_its_task_with_thinking_kept() -> None:
+    layers = [{"summarize": {}}, {"trim_head": {}}]
+    turns, sent = run_loop(16, breakpoints=True, layers=layers)
+    bodies = [orjson.loads(body) for body in sent]
+    summarised = [b for b in bodies if "[Summary of the earlier conversation" in str(b)]
+    assert summarised, " ".join(t.action for t in turns)
+    for body in summarised:
+        messages = body["messages"]
+        # The task verbatim first, the summary next, then whole rounds: every tool_use
+        # answered, every assistant turn's thinking block first, as it came.
+        assert messages[0]["content"] == [{"type": "text", "text": TASK}]
+        assert "[Summary of the earlier conversation" in str(messages[1])
+        for message in messages[2:]:
+            if message["role"] == "assistant":
+                assert message["content"][0]["type"] == "thinking"
+        used = [b["id"] for m in messages for b in m["content"] if b["type"] == "tool_use"]
+        answered = [
+            b["tool_use_id"]
+            for m in messages
+            if isinstance(m["content"], list)
+            for b in m["content"]
+            if b["type"] == "tool_result"
+        ]
+        assert used == answered

@@ -200,3 +200,27 @@ def test_an_incomplete_summary_is_over_long_and_a_digest_takes_its_place() -> No
     assert last.action == "degraded"
     assert attempts >= 3  # every attempt was cut short, then retried
     assert last.sent[0]["content"][0]["text"].startswith(DIGEST_HEADING)
+
+
+def test_an_agent_loop_s_rounds_are_summarised_after_its_task_with_reasoning_kept() -> None:
+    layers = [{"compress_tool_results": {}}, {"summarize": {}}, {"trim_head": {}}]
+    with codex_servers(layers=layers) as (up, server), Codex(server.url, up) as agent:
+        agent.said("Fix the failing booking tests.")
+        turns = [agent.send(tool_choice="required")]
+        for i in range(20):
+            agent.answer(result(i))
+            turns.append(agent.send(tool_choice="required"))
+    assert all(t.status == 200 and len(t.forwarded) == 1 for t in turns)
+    summarised = [t for t in turns if SUMMARY_HEADING in json.dumps(t.sent)]
+    assert summarised, " ".join(t.action for t in turns)
+    for turn in summarised:
+        sent = turn.sent
+        # The task verbatim first, then the summary, then whole rounds: each reasoning item
+        # right before its function_call, each call answered.
+        assert sent[0] == agent.input[0]
+        assert SUMMARY_HEADING in json.dumps(sent[1])
+        rest = sent[2:]
+        calls = [n for n, item in enumerate(rest) if item.get("type") == "function_call"]
+        assert calls and all(rest[n - 1]["type"] == "reasoning" for n in calls)
+        answered = {item["call_id"] for item in rest if item["type"] == "function_call_output"}
+        assert {rest[n]["call_id"] for n in calls} == answered

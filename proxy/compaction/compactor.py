@@ -306,7 +306,7 @@ class Compactor:
         request = turn.request
         old, new = turn.plan, result.plan
         chain = [m for m in request.messages if not policies.is_system(m)]
-        evicted = chain[old.cut : new.cut] + [
+        evicted = [chain[p] for p in range(old.cut, new.cut) if p != new.task] + [
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]
         branch = Branch(new, turn.chain.prefix(new.covered), time.time())

@@ -70,8 +70,9 @@ def plan_words(plan: policies.Plan, decisions: Sequence[dict[str, Any]]) -> list
             else "a mechanical digest (no LLM summary was ready in time)"
         )
         size = len(plan.summary.shown.split())
+        kept = "" if plan.task is None else f" but the task (message {plan.task + 1}, kept)"
         words.append(
-            f"Summarised: the first {plan.cut} messages after the system prompt, "
+            f"Summarised: the first {plan.cut} messages after the system prompt{kept}, "
             f"as {kind} of {size:,} words."
         )
     by_layer: dict[str, int] = {}
