@@ -41,6 +41,18 @@ def result(i: int) -> str:
     return f"{ORDERS[i]} failed.\n{text}" if i < len(ORDERS) else text
 
 
+def tool_loop(agent: Codex, iterations: int) -> list[Turn]:
+    """The task, then `iterations` tool calls answered with `result`; every request forwarded
+    once and answered."""
+    agent.said("Fix the failing booking tests.")
+    turns = [agent.send(tool_choice="required")]
+    for i in range(iterations):
+        agent.answer(result(i))
+        turns.append(agent.send(tool_choice="required"))
+    assert all(t.status == 200 and len(t.forwarded) == 1 for t in turns)
+    return turns
+
+
 def stable_share(turns: list[Turn]) -> float:
     """Of consecutive turns, the share whose forwarded input starts with the one before."""
     pairs = list(itertools.pairwise(t.sent for t in turns))
@@ -149,12 +161,7 @@ def test_an_agents_sdk_loop_with_stored_items_sent_by_id() -> None:
     """Reasoning items without their content, every item with its id: each call keeps the
     reasoning item it followed (the upstream refuses it otherwise) through the compactions."""
     with codex_servers() as (up, server), Codex(server.url, up, stateless=False) as agent:
-        agent.said("Fix the failing booking tests.")
-        turns = [agent.send(tool_choice="required")]
-        for i in range(15):
-            agent.answer(result(i))
-            turns.append(agent.send(tool_choice="required"))
-    assert all(t.status == 200 and len(t.forwarded) == 1 for t in turns)
+        turns = tool_loop(agent, 15)
     assert sum(t.action in ("compacted", "degraded") for t in turns) >= 2
     reasoning = [i for i in turns[-1].sent if i.get("type") == "reasoning"]
     assert reasoning and all("encrypted_content" not in i and i["id"] for i in reasoning)
@@ -205,12 +212,7 @@ def test_an_incomplete_summary_is_over_long_and_a_digest_takes_its_place() -> No
 def test_an_agent_loop_s_rounds_are_summarised_after_its_task_with_reasoning_kept() -> None:
     layers = [{"compress_tool_results": {}}, {"summarize": {}}, {"trim_head": {}}]
     with codex_servers(layers=layers) as (up, server), Codex(server.url, up) as agent:
-        agent.said("Fix the failing booking tests.")
-        turns = [agent.send(tool_choice="required")]
-        for i in range(20):
-            agent.answer(result(i))
-            turns.append(agent.send(tool_choice="required"))
-    assert all(t.status == 200 and len(t.forwarded) == 1 for t in turns)
+        turns = tool_loop(agent, 20)
     summarised = [t for t in turns if SUMMARY_HEADING in json.dumps(t.sent)]
     assert summarised, " ".join(t.action for t in turns)
     for turn in summarised:
