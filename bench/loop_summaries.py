@@ -11,7 +11,8 @@ line it is given, as a good model would); `digest only`: the summarizer fails, s
 mechanical digest stands for what was evicted. Counted from the proxy's log and the fake:
 requests the upstream rejected, compactions, those that made a summary (or digest) and those
 that ended in `trim_head`; and the facts visible in the last forwarded request, verbatim or in
-its summary. `--before TREE`: the same runs through the proxy of that checkout as well
+its summary (and, of them, those in the summary or digest itself, not in the block of lines
+kept verbatim beside it). `--before TREE`: the same runs through the proxy of that checkout as well
 (`git archive main | tar -x -C TREE`), in the same run.
 """
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_model import Fact, extractive_summary, make_workspace, strings, visible_facts
 from common import proxy
 
+from policies.plan import ANCHOR_HEADING, HEADINGS
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.openai import FakeUpstream, is_summary_request
 
@@ -56,6 +58,7 @@ class Run:
     summarized: int
     trimmed: int
     facts: int
+    summarised: int  # of them, in the summary or digest itself (not the anchor block)
     planted: int
 
 
@@ -262,6 +265,9 @@ def run(
         layers = [{d["layer"] for d in line["decisions"]} for line in forwarded]
         last = api.forwarded(fake)[-1]
         seen = {line.split(":")[0] for line in visible_facts(strings(last))}
+        headers = [text for text in strings(last) if text.startswith(HEADINGS[:2])]
+        summary = [text.split(ANCHOR_HEADING)[0] for text in headers]
+        in_summary = {line.split(":")[0] for line in visible_facts(summary)}
         failed_summaries = fake.summary_calls if summarizer is failing_summary else 0
         return Run(
             rejected=fake.rejected - failed_summaries,
@@ -269,6 +275,7 @@ def run(
             summarized=sum("summarize" in names for names in layers),
             trimmed=sum("trim_head" in names for names in layers),
             facts=sum(f"FACT-{fact.step:02d}" in seen for fact in facts),
+            summarised=sum(f"FACT-{fact.step:02d}" in in_summary for fact in facts),
             planted=len(facts),
         )
 
@@ -284,7 +291,8 @@ def main() -> None:
     print(
         f"{args.steps} tool calls at a {WINDOW} window\n\n"
         "| layers | API | summaries | proxy | rejected | compactions | with a summary |"
-        " trim_head | facts visible at the end |\n|---|---|---|---|---|---|---|---|---|"
+        " trim_head | facts visible at the end | of them in the summary |"
+        "\n|---|---|---|---|---|---|---|---|---|---|"
     )
     summarizers = (("extractive", extractive_summary), ("digest only", failing_summary))
     for label, layers in LAYER_SETS.items():
@@ -298,7 +306,8 @@ def row(label: str, api: Api, kind: str, name: str, r: Run) -> None:
     share = f"{r.trimmed} ({r.trimmed / r.compactions:.0%})" if r.compactions else "0"
     print(
         f"| {label} | {api.name} | {kind} | {name} | {r.rejected} | {r.compactions} |"
-        f" {r.summarized} | {share} | {r.facts} of {r.planted} ({r.facts / r.planted:.0%}) |",
+        f" {r.summarized} | {share} | {r.facts} of {r.planted} ({r.facts / r.planted:.0%}) |"
+        f" {r.summarised} |",
         flush=True,
     )
 
