@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/retention.py
 	$(BIN)/python bench/headroom.py
 	$(BIN)/python bench/summaries.py
+	$(BIN)/python bench/loop_summaries.py
 
 docker-smoke: $(STAMP)
 	PYTHON=$(BIN)/python scripts/docker-smoke.sh
