@@ -36,9 +36,10 @@ class Summary:
 class SummaryRequest:
     """What the summarizer is asked: roll `evicted` into `previous`, in `max_tokens` at most.
 
-    `evicted` are the newly evicted messages as they looked in the view, media parts as
-    `[image]`-like labels; `positions` their chain positions, within [start, end), the chain
-    range this summary will stand for together with `previous` (which stood for [0, start)).
+    `evicted` are the newly evicted messages as the client sent them, media parts as
+    `[image]`-like labels; `positions` their chain positions: those of [start, end) but an
+    agent loop's task kept verbatim, and a task kept before `start` that no longer is. The
+    summary stands for them together with `previous` (which stood for [0, start)).
     """
 
     previous: Summary | None

@@ -36,12 +36,15 @@ each one short:
 
 ## Goal
 ## Facts
+## Work done (files read or changed, commands run, what their outputs showed)
 ## Decisions
+## Errors still open
 ## User preferences and constraints
 ## Open todos / next steps
 ## Timeline
 
-Keep identifiers, file paths, URLs, numbers, names and quoted user requirements verbatim. Update \
+Keep identifiers, file paths, URLs, numbers, names, quoted user requirements and the findings and \
+error lines of tool outputs verbatim. Update \
 the previous summary rather than rewriting it: keep what still holds, add what is new, mark what \
 was resolved. Write only the summary, no preamble."""
 
