@@ -5,7 +5,8 @@ listing, a report whose lines share a form), such as `FACT-07: the build cache k
 A line's form is its beginning with digits collapsed (`[build 07.012] compiling` and
 `[build 08.003] compiling` have one form); an output where some form repeats is templated,
 and its lines of a form seen once are its findings. An output with no repeated form (source
-code, prose) has none: every line would stand out, so none tells.
+code, prose) has none: every line would stand out, so none tells. Its first line is its
+header (a title, the command echoed), not a finding.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def finding_indices(lines: list[str]) -> list[int]:
     counts = Counter(form for form in forms if form is not None)
     if not counts or max(counts.values()) < MIN_REPEATS:
         return []
-    found = [i for i, form in enumerate(forms) if form is not None and counts[form] == 1]
+    # The first line is the output's header (a title, the command echoed), not a finding.
+    found = [i for i, form in enumerate(forms) if i and form is not None and counts[form] == 1]
     return found if len(found) <= MAX_FINDINGS else []
 
 
