@@ -129,10 +129,16 @@ def output_cap(previous: int, evicted: int, ctx: Context, params: SummarizeParam
 
 def choose_cut(draft: Draft, params: SummarizeParams, *, kept: Summary | None = None) -> int:
     """The new cut: the first round start (else block boundary) at which the view, with a
-    summary of the cap's size, is at the target; the last allowed one when none is. With
+    summary of the cap's size, is at the target; the last allowed one when none is (in an
+    agent loop, up to the current turn, the protected rounds included). With
     `kept`, an LLM summary that stays, the summary costs that and a digest of the cap's size."""
     ctx = draft.ctx
     limit = min(ctx.protected_start, ctx.turn_start)
+    if ctx.task is not None and ctx.task < limit:
+        # An agent loop's protected rounds are tool rounds (no user text after the task):
+        # when the aim is out of reach before them, as many as it takes are summarised
+        # rather than left to trim_head to drop (the first cut at the aim comes first).
+        limit = ctx.turn_start
     previous = _previous_tokens(draft, kept)
     fixed = ctx.counter.text(kept.text) + ctx.counter.text(TAIL_HEADING) + 2 if kept else 0
     rest = draft.tokens - draft.header + draft.header_cost(Summary("", "digest"))
