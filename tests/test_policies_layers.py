@@ -478,6 +478,22 @@ async def test_summarize_keeps_the_task_and_summarises_the_rounds_of_an_agent_lo
     assert tokens(messages, plan, ctx) <= ctx.aim_tokens
 
 
+@pytest.mark.parametrize(("system_tokens", "cut"), [(100, 9), (1500, 19), (2000, 23)])
+async def test_an_agent_loop_s_protected_rounds_are_summarised_when_the_aim_needs_it(
+    system_tokens: int, cut: int
+) -> None:
+    messages = agent_loop(12, 300)
+    messages[0] = {"role": "system", "content": text(system_tokens)}  # a client's fixed prompt
+    ctx = context(messages, 8192, summarizer=echo)
+    assert (ctx.task, ctx.protected_start, ctx.turn_start) == (0, 16, 23)
+    plan, _ = await run("summarize", messages, Plan(), ctx)
+    # Only as far as the aim needs: up to the current turn when the fixed prompt leaves
+    # room for no more, the protected rounds summarised rather than left to trim_head.
+    assert plan.cut == cut and plan.task == 0
+    assert tokens(messages, plan, ctx) < ctx.aim_tokens or cut == ctx.turn_start
+    assert view_problems(messages, render(messages, plan)) == []
+
+
 async def test_the_summary_of_agent_rounds_is_made_from_the_original_outputs() -> None:
     messages = agent_loop(8, 300)
     ctx = context(messages, 2048, summarizer=echo)
