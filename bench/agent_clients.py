@@ -66,6 +66,7 @@ class Client:
     command: Callable[[Client, Path, str], list[str]]  # (itself, where it is, the prompt)
     # (itself, its home, the proxy's origin, whether it is told the window): its environment
     environment: Callable[[Client, Path, str, bool], dict[str, str]]
+    compact_at: int | None = None  # Codex: its own compaction from this many tokens on
 
 
 def _codex_command(client: Client, clients: Path, prompt: str) -> list[str]:
@@ -77,6 +78,8 @@ def _codex_environment(client: Client, home: Path, origin: str, told: bool) -> d
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True)
     window = f"model_context_window = {client.window}\n" if told else ""
+    if client.compact_at is not None:  # Codex compacts by itself past this usage
+        window += f"model_auto_compact_token_limit = {client.compact_at}\n"
     (codex_home / "config.toml").write_text(
         f'model = "{client.model}"\n'
         'model_provider = "agents-e2e"\n'
@@ -255,6 +258,12 @@ def main() -> None:
         action="store_true",
         help="tell the client the window (then it compacts by itself near it)",
     )
+    parser.add_argument(
+        "--codex-compact-at",
+        type=int,
+        default=None,
+        help="Codex's model_auto_compact_token_limit: it compacts by itself past that usage",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds for one client run")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench/results/agents-e2e.json", help="the JSON report"
@@ -266,6 +275,13 @@ def main() -> None:
     chosen = list(CLIENTS.values()) if args.client == "all" else [CLIENTS[args.client]]
     if args.model is not None:
         chosen = [dataclasses.replace(client, model=args.model) for client in chosen]
+    if args.codex_compact_at is not None:
+        chosen = [
+            dataclasses.replace(client, compact_at=args.codex_compact_at)
+            if client.name == "codex"
+            else client
+            for client in chosen
+        ]
     reports = {}
     for client in chosen:
         run = run_client(client, args)

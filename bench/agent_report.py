@@ -362,9 +362,9 @@ def save_fixtures(run: Run, directory: Path) -> list[Path]:
         subagent = [e for e in calls if "x-claude-code-agent-id" in e.request.headers]
         if subagent:
             chosen["subagent"] = (subagent[0], "a sub-agent's first request (the Agent tool)")
-        own = [e for e in calls if _is_client_compaction(_body_of(e.request))]
-        if own:
-            chosen["compaction"] = (own[0], "Claude Code's own compaction request")
+    own = [e for e in calls if _is_client_compaction(_body_of(e.request))]
+    if own:
+        chosen["compaction"] = (own[0], "the client's own compaction request")
     written = []
     for name, (exchange, what) in chosen.items():
         path = directory / f"{run.client}-{name}.json"

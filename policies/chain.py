@@ -1,4 +1,5 @@
-"""The hash chain that identifies a conversation prefix, system messages excluded.
+"""The hash chain that identifies a conversation prefix, system messages (and the clients' own
+context, `policies.client_context`) excluded.
 
 A plan applies to a request only when the chain prefix it was computed over is unchanged.
 Messages are hashed in a canonical form, so that what SDKs echo back differently (null
@@ -12,7 +13,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.conversation import SYSTEM_ROLES
+from policies.client_context import outside_chain
 from policies.message import call_arguments, call_name, tool_calls
 
 DIGEST_SIZE = 8
@@ -61,10 +62,7 @@ class Chain:
         """The chain of the non-system `messages`; `digests` gives each message's digest
         (the proxy passes one that memoises them)."""
         found = digests(messages)
-        # is_system inlined: this runs over every message of every request.
-        return cls(
-            [d for m, d in zip(messages, found, strict=True) if m.get("role") not in SYSTEM_ROLES]
-        )
+        return cls([d for m, d in zip(messages, found, strict=True) if not outside_chain(m)])
 
     def __len__(self) -> int:
         return len(self.digests)

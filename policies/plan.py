@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.conversation import SYSTEM_ROLES
+from policies.client_context import left_out, outside_chain, superseded
 from policies.message import Message, call_arguments, call_function
 from policies.summary import Summary
 
@@ -127,19 +127,24 @@ def render_entries(
     `messages` of the message it shows (that message itself, or the plan's edit of it), or
     None for the header message. Wire formats map the view back to their own items by it.
 
-    System messages stay verbatim and in order; those inside the evicted prefix move before
-    the header message, which stands where the kept part of the chain begins.
+    System messages and the clients' context stay verbatim and in order; those inside the
+    evicted prefix move before the header message, which stands where the kept part of the
+    chain begins. One of them that the plan displaced (in the evicted prefix, or after a
+    message the plan dropped) is left out when a later one supersedes it
+    (`client_context.superseded`), so that evicted copies do not pile up.
     """
     header = header_message(plan.summary, plan.anchor_block, summary_role)
     entries: list[tuple[int | None, Message]] = []
     if header is None and plan.cut == 0 and not plan.edits:
         entries.extend(enumerate(messages))
         return entries
+    omitted = set(left_out(superseded(messages, plan.covered), plan.cut, plan.edits))
     position = 0
     edits = plan.edits
     for index, message in enumerate(messages):
-        if message.get("role") in SYSTEM_ROLES:  # is_system: this runs over every message
-            entries.append((index, message))
+        if outside_chain(message):
+            if index not in omitted:
+                entries.append((index, message))
             continue
         position += 1
         if position <= plan.cut:
