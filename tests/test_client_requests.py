@@ -117,22 +117,6 @@ def test_claude_codes_repeated_system_messages_do_not_pile_up(
     assert texts(forwarded[-1]).count(NUDGE) == 1 and TASK in texts(forwarded)
 
 
-def test_claude_codes_own_compaction_request_goes_as_it_came(
-    fakes: tuple[FakeUpstream, FakeAnthropic],
-) -> None:
-    """Claude Code's compaction request over `compact_at` but within the window: forwarded
-    unchanged (the proxy compacting it would take what the client is summarising), said in
-    a header."""
-    fixture = recorded(CLIENTS / "claude-compaction.json")
-    _, anthropic = fakes
-    with proxy(fakes, window=16384, compact_at=0.45, prepare_at=0.4, target=0.3) as server:
-        answer = send(server.url, fixture)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["x-compaction-action"] == "none"
-    assert answer.headers["x-compaction-client-compaction"] == "true"
-    assert unmarked(anthropic.requests[-1].json) == unmarked(fixture["body"])
-
-
 def test_claude_codes_compaction_request_keeps_its_task_when_compacted(
     fakes: tuple[FakeUpstream, FakeAnthropic],
 ) -> None:
@@ -156,36 +140,43 @@ def test_claude_codes_compaction_request_keeps_its_task_when_compacted(
     assert int(answer.headers["x-compaction-tokens-after"]) > 0.7 * limit  # not to the target
 
 
-def test_codexs_own_compaction_turn_goes_as_it_came(
-    fakes: tuple[FakeUpstream, FakeAnthropic],
-) -> None:
-    """Codex on a custom provider compacts with an ordinary turn ending in its compaction
-    prompt: over `compact_at` but within the window, it goes unchanged."""
-    fixture = recorded(CLIENTS / "codex-compaction.json")
-    assert CODEX_PROMPT in texts(fixture["body"]["input"][-1])
-    openai, _ = fakes
-    with proxy(fakes, compact_at=0.5, prepare_at=0.4, target=0.3) as server:
-        answer = send(server.url, fixture)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["x-compaction-action"] == "none"
-    assert answer.headers["x-compaction-client-compaction"] == "true"
-    assert openai.requests[-1].json == fixture["body"]
-
-
-def test_a_compaction_trigger_relayed_is_the_clients_compaction(
-    fakes: tuple[FakeUpstream, FakeAnthropic],
-) -> None:
-    """Codex's built-in provider compacts with a `compaction_trigger` item (relayed under the
-    default `provider_compaction: relay`): the history goes with it as it came."""
+def compaction_request(name: str) -> dict[str, Any]:
+    """A client's own compaction request: recorded, or Codex's loop with a trigger."""
+    if name != "codex-trigger":
+        return recorded(CLIENTS / f"{name}.json")
     loop = recorded(CLIENTS / "codex-mid-loop.json")
-    fixture = with_body(loop, input=[*loop["body"]["input"], {"type": "compaction_trigger"}])
-    openai, _ = fakes
-    with proxy(fakes, compact_at=0.5, prepare_at=0.4, target=0.3, window=65536) as server:
+    return with_body(loop, input=[*loop["body"]["input"], {"type": "compaction_trigger"}])
+
+
+# Each over `compact_at` but within the window (test_window_sizes_of_the_fixtures_...).
+COMPACTION_REQUESTS = {
+    # Claude Code's: its prompt appended to the last user turn, after the tool result.
+    "claude-compaction": {"window": 16384, "compact_at": 0.45, "prepare_at": 0.4, "target": 0.3},
+    # Codex's on a custom provider: an ordinary turn ending in its compaction prompt.
+    "codex-compaction": {"compact_at": 0.5, "prepare_at": 0.4, "target": 0.3},
+    # Codex's built-in provider: a compaction_trigger item, relayed (`provider_compaction:
+    # relay`, the default).
+    "codex-trigger": {"window": 65536, "compact_at": 0.5, "prepare_at": 0.4, "target": 0.3},
+}
+
+
+@pytest.mark.parametrize("name", COMPACTION_REQUESTS)
+def test_a_clients_own_compaction_request_goes_as_it_came(
+    name: str, fakes: tuple[FakeUpstream, FakeAnthropic]
+) -> None:
+    """The client's own compaction request over `compact_at` but within the window: forwarded
+    unchanged (the proxy compacting it would take what the client is summarising), said in
+    a header."""
+    fixture = compaction_request(name)
+    marker = {"claude-compaction": CLAUDE_PROMPT, "codex-compaction": CODEX_PROMPT}
+    assert marker.get(name, '"compaction_trigger"') in texts(fixture)
+    with proxy(fakes, **COMPACTION_REQUESTS[name]) as server:
         answer = send(server.url, fixture)
     assert answer.status_code == 200, answer.text
-    assert answer.headers["x-compaction-client-compaction"] == "true"
     assert answer.headers["x-compaction-action"] == "none"
-    assert openai.requests[-1].json["input"] == fixture["body"]["input"]
+    assert answer.headers["x-compaction-client-compaction"] == "true"
+    fake = fakes[1] if fixture["path"] == "/v1/messages" else fakes[0]
+    assert unmarked(fake.requests[-1].json) == unmarked(fixture["body"])
 
 
 def test_no_summary_is_prepared_for_a_history_the_client_is_replacing(
