@@ -156,7 +156,9 @@ def proxy_config(client: Client, fake: Fake) -> str:
 
 
 @contextlib.contextmanager
-def _servers(client: Client, model: AgentModel) -> Iterator[tuple[Fake, Server, Recorder]]:
+def _servers(
+    client: Client, model: AgentModel, tree: Path | None
+) -> Iterator[tuple[Fake, Server, Recorder]]:
     script = model.responses if client.dialect == "responses" else model.messages
     fake = client.fake(
         windows={client.model: client.window},
@@ -164,7 +166,7 @@ def _servers(client: Client, model: AgentModel) -> Iterator[tuple[Fake, Server, 
         summarizer=extractive_summary,
         signing_key=RECORDING_KEY,  # the fixtures' reasoning and thinking stay verifiable
     )
-    with fake, proxy(proxy_config(client, fake)) as server:
+    with fake, proxy(proxy_config(client, fake), tree) as server:
         origin = server.url.removesuffix("/v1")
         with Recorder(origin) as recorder:
             yield fake, server, recorder
@@ -178,7 +180,7 @@ def run_client(client: Client, args: argparse.Namespace) -> Run:
         facts: list[Fact] = make_workspace(work, args.iterations, SEED)
         subagent = args.subagent_at if client.name == "claude" else None
         model = AgentModel(args.iterations, subagent)
-        with _servers(client, model) as (fake, server, recorder):
+        with _servers(client, model, args.tree) as (fake, server, recorder):
             environment = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": str(home),
@@ -263,6 +265,12 @@ def main() -> None:
         type=int,
         default=None,
         help="Codex's model_auto_compact_token_limit: it compacts by itself past that usage",
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="run the proxy of that checkout (a `git worktree` of another commit): a before",
     )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds for one client run")
     parser.add_argument(
