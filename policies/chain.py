@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.client_context import outside_chain
-from policies.message import call_arguments, call_name, tool_calls
+from policies.client_context import CONTEXT_FIRST, is_client_context
+from policies.message import SYSTEM_ROLES, call_arguments, call_name, tool_calls
 
 DIGEST_SIZE = 8
 
@@ -62,7 +62,19 @@ class Chain:
         """The chain of the non-system `messages`; `digests` gives each message's digest
         (the proxy passes one that memoises them)."""
         found = digests(messages)
-        return cls([d for m, d in zip(messages, found, strict=True) if not outside_chain(m)])
+        return cls(
+            [
+                d
+                for m, d in zip(messages, found, strict=True)
+                # outside_chain inlined (a call per message costs as much as the rest).
+                if (role := m.get("role")) not in SYSTEM_ROLES
+                and not (
+                    role == "user"
+                    and ((c := m.get("content")).__class__ is not str or c[:1] in CONTEXT_FIRST)
+                    and is_client_context(m)
+                )
+            ]
+        )
 
     def __len__(self) -> int:
         return len(self.digests)

@@ -47,6 +47,8 @@ REPLACING_REMINDERS = {
     "Attribution for git commits": "attribution",
 }
 REMINDER = "<system-reminder>"
+_MARKS = ("<", "#")  # the first characters of the start markers
+CONTEXT_FIRST = frozenset("<# \t\r\n")  # and of a text that may begin with one
 COMPACTION_PROMPTS = (
     "You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex
     "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",  # Claude Code
@@ -99,18 +101,48 @@ def context_kinds(message: Mapping[str, Any]) -> frozenset[str] | None:
 
 
 def is_client_context(message: Mapping[str, Any]) -> bool:
-    """Whether a message is wholly a client's context (the cheap test first: this runs over
-    every message of every request)."""
-    if message.get("role") != "user":
-        return False
-    return context_kinds(message) is not None
+    """Whether a message is wholly a client's context."""
+    return message.get("role") == "user" and _context(message)
 
 
 def outside_chain(message: Mapping[str, Any]) -> bool:
     """Whether a message stands outside the chain: a system or developer message, or a
-    client's context. Such messages are never compacted and are shown in every view."""
+    client's context. Such messages are never compacted and are shown in every view. (The
+    cheap tests first: this runs over every message of every request.)"""
     role = message.get("role")
-    return role in SYSTEM_ROLES or (role == "user" and context_kinds(message) is not None)
+    if role in SYSTEM_ROLES:
+        return True
+    if role != "user":
+        return False
+    text = message.get("content")
+    # A string that begins with no marker's first character is no context.
+    return (text.__class__ is not str or text[:1] in CONTEXT_FIRST) and _context(message)
+
+
+def outside_positions(messages: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """The messages outside the chain, each index with the number of chain messages before
+    it, in order."""
+    found = {}
+    count = 0
+    for index, message in enumerate(messages):
+        if outside_chain(message):
+            found[index] = count
+        else:
+            count += 1
+    return found
+
+
+def _context(message: Mapping[str, Any]) -> bool:
+    """Whether a user message is all context; the cheap test first (its first text begins
+    with a marker's first character)."""
+    content = message.get("content")
+    text = content[0].get("text") if content.__class__ is list and content else content
+    if text.__class__ is not str:
+        return False
+    first = text[:1]
+    if first.isspace():
+        first = text.lstrip()[:1]
+    return first in _MARKS and context_kinds(message) is not None
 
 
 def is_compaction_prompt(message: Mapping[str, Any]) -> bool:
@@ -128,36 +160,31 @@ def is_compaction_request(messages: Sequence[Mapping[str, Any]]) -> bool:
     return last is not None and is_compaction_prompt(last)
 
 
-def superseded(messages: Sequence[Mapping[str, Any]], until: int) -> dict[int, int]:
-    """The messages outside the chain that a later one supersedes, each index with the number
-    of chain messages before it: a client context message each of whose kinds a later one
-    holds, and a system message that a later one repeats word for word. Only what stands
-    among the first `until` chain messages may supersede (what a plan covered when it was
-    made), so that a view keeps its bytes until the next compaction."""
-    chain_before = []
-    count = 0
-    for message in messages:
-        chain_before.append(count)
-        count += not outside_chain(message)
+def superseded(
+    messages: Sequence[Mapping[str, Any]], outside: Mapping[int, int], until: int
+) -> dict[int, int]:
+    """The messages outside the chain (`outside`, from `outside_positions`) that a later one
+    supersedes, each index with the number of chain messages before it: a client context
+    message each of whose kinds a later one holds, and a system message that a later one
+    repeats word for word. Only what stands among the first `until` chain messages may
+    supersede (what a plan covered when it was made), so that a view keeps its bytes until
+    the next compaction."""
     later_kinds: set[str] = set()
     later_systems: set[str] = set()
     found: dict[int, int] = {}
-    for index in reversed(range(len(messages))):
-        message = messages[index]
-        role = message.get("role")
-        if role in SYSTEM_ROLES:
+    for index in reversed(outside):
+        message, before = messages[index], outside[index]
+        if message.get("role") in SYSTEM_ROLES:
             text = _system_text(message)
             if text in later_systems:
-                found[index] = chain_before[index]
-            elif chain_before[index] <= until:
+                found[index] = before
+            elif before <= until:
                 later_systems.add(text)
             continue
-        kinds = context_kinds(message) if role == "user" else None
-        if kinds is None:
-            continue
+        kinds = context_kinds(message) or frozenset()
         if kinds <= later_kinds:
-            found[index] = chain_before[index]
-        elif chain_before[index] <= until:
+            found[index] = before
+        elif before <= until:
             later_kinds |= kinds
     return found
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from policies.anchors import anchor_block
-from policies.client_context import left_out, superseded
+from policies.client_context import left_out, outside_positions, superseded
 from policies.context import Context
 from policies.decision import Decision
 from policies.message import Message, visible_text
@@ -51,7 +51,8 @@ class Draft:
         self.header = self.header_cost(self.summary)
         # Superseded copies of system messages and client context, and their tokens: the
         # view leaves out those the plan displaces (`policies.client_context.left_out`).
-        copies = superseded(messages, max(plan.covered, len(ctx.chain)))
+        outside = outside_positions(messages)
+        copies = superseded(messages, outside, max(plan.covered, len(ctx.chain)))
         self._copies = copies
         self._copy_tokens = {i: ctx.counter.message(messages[i]) for i in copies}
         self._lost: dict[str, None] = {}

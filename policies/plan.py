@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.client_context import left_out, outside_chain, superseded
-from policies.message import Message, call_arguments, call_function
+from policies.client_context import CONTEXT_FIRST, is_client_context, left_out, superseded
+from policies.message import SYSTEM_ROLES, Message, call_arguments, call_function
 from policies.summary import Summary
 
 SUMMARY_HEADING = (
@@ -138,13 +138,18 @@ def render_entries(
     if header is None and plan.cut == 0 and not plan.edits:
         entries.extend(enumerate(messages))
         return entries
-    omitted = set(left_out(superseded(messages, plan.covered), plan.cut, plan.edits))
+    outside: dict[int, int] = {}  # where each message outside the chain stands in it
     position = 0
     edits = plan.edits
     for index, message in enumerate(messages):
-        if outside_chain(message):
-            if index not in omitted:
-                entries.append((index, message))
+        role = message.get("role")  # outside_chain inlined: this runs over every message
+        if role in SYSTEM_ROLES or (
+            role == "user"
+            and ((c := message.get("content")).__class__ is not str or c[:1] in CONTEXT_FIRST)
+            and is_client_context(message)
+        ):
+            outside[index] = position
+            entries.append((index, message))
             continue
         position += 1
         if position <= plan.cut:
@@ -157,6 +162,11 @@ def render_entries(
             entries.append((index, edit if edit is message else applied_edit(edit, message)))
     if header is not None:
         entries.append((None, header))
+    if len(outside) > 1:
+        copies = superseded(messages, outside, plan.covered)
+        omitted = set(left_out(copies, plan.cut, edits)) if copies else ()
+        if omitted:
+            return [entry for entry in entries if entry[0] not in omitted]
     return entries
 
 
