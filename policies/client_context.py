@@ -57,7 +57,7 @@ COMPACTION_PROMPTS = (
 
 def fragment_kind(text: str) -> str | None:
     """The kind of client context `text` is, None when it is none."""
-    if not text[:32].lstrip().startswith(("<", "#")):  # the cheap test: most text is not
+    if not text[:32].lstrip().startswith(_MARKS):  # the cheap test: most text is not
         return None
     trimmed = text.strip()
     for start, end, kind in FRAGMENTS:
