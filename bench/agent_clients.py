@@ -66,6 +66,7 @@ class Client:
     command: Callable[[Client, Path, str], list[str]]  # (itself, where it is, the prompt)
     # (itself, its home, the proxy's origin, whether it is told the window): its environment
     environment: Callable[[Client, Path, str, bool], dict[str, str]]
+    compact_at: int | None = None  # Codex: its own compaction from this many tokens on
 
 
 def _codex_command(client: Client, clients: Path, prompt: str) -> list[str]:
@@ -77,6 +78,8 @@ def _codex_environment(client: Client, home: Path, origin: str, told: bool) -> d
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True)
     window = f"model_context_window = {client.window}\n" if told else ""
+    if client.compact_at is not None:  # Codex compacts by itself past this usage
+        window += f"model_auto_compact_token_limit = {client.compact_at}\n"
     (codex_home / "config.toml").write_text(
         f'model = "{client.model}"\n'
         'model_provider = "agents-e2e"\n'
@@ -153,7 +156,9 @@ def proxy_config(client: Client, fake: Fake) -> str:
 
 
 @contextlib.contextmanager
-def _servers(client: Client, model: AgentModel) -> Iterator[tuple[Fake, Server, Recorder]]:
+def _servers(
+    client: Client, model: AgentModel, tree: Path | None
+) -> Iterator[tuple[Fake, Server, Recorder]]:
     script = model.responses if client.dialect == "responses" else model.messages
     fake = client.fake(
         windows={client.model: client.window},
@@ -161,7 +166,7 @@ def _servers(client: Client, model: AgentModel) -> Iterator[tuple[Fake, Server, 
         summarizer=extractive_summary,
         signing_key=RECORDING_KEY,  # the fixtures' reasoning and thinking stay verifiable
     )
-    with fake, proxy(proxy_config(client, fake)) as server:
+    with fake, proxy(proxy_config(client, fake), tree) as server:
         origin = server.url.removesuffix("/v1")
         with Recorder(origin) as recorder:
             yield fake, server, recorder
@@ -175,7 +180,7 @@ def run_client(client: Client, args: argparse.Namespace) -> Run:
         facts: list[Fact] = make_workspace(work, args.iterations, SEED)
         subagent = args.subagent_at if client.name == "claude" else None
         model = AgentModel(args.iterations, subagent)
-        with _servers(client, model) as (fake, server, recorder):
+        with _servers(client, model, args.tree) as (fake, server, recorder):
             environment = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": str(home),
@@ -255,6 +260,18 @@ def main() -> None:
         action="store_true",
         help="tell the client the window (then it compacts by itself near it)",
     )
+    parser.add_argument(
+        "--codex-compact-at",
+        type=int,
+        default=None,
+        help="Codex's model_auto_compact_token_limit: it compacts by itself past that usage",
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="run the proxy of that checkout (a `git worktree` of another commit): a before",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds for one client run")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench/results/agents-e2e.json", help="the JSON report"
@@ -266,6 +283,13 @@ def main() -> None:
     chosen = list(CLIENTS.values()) if args.client == "all" else [CLIENTS[args.client]]
     if args.model is not None:
         chosen = [dataclasses.replace(client, model=args.model) for client in chosen]
+    if args.codex_compact_at is not None:
+        chosen = [
+            dataclasses.replace(client, compact_at=args.codex_compact_at)
+            if client.name == "codex"
+            else client
+            for client in chosen
+        ]
     reports = {}
     for client in chosen:
         run = run_client(client, args)

@@ -35,8 +35,12 @@ TASK_MARKER = "AGENTS-E2E-TASK"
 SUBTASK_MARKER = "AGENTS-E2E-SUBTASK"
 DONE_MARKER = "AGENTS-E2E-DONE"
 INSTRUCTIONS_MARKER = "AGENTS-E2E-INSTRUCTIONS"  # in AGENTS.md and CLAUDE.md
-# The clients' own compaction prompts (Claude Code 2.1.332's, from its binary's strings).
-CLIENT_SUMMARY_PROMPTS = ("Your task is to create a detailed summary",)
+# The clients' own compaction prompts: Claude Code 2.1.332's, from its binary's strings, and
+# Codex's local compaction (codex-rs/core/templates/compact/prompt.md).
+CLIENT_SUMMARY_PROMPTS = (
+    "Your task is to create a detailed summary",
+    "You are performing a CONTEXT CHECKPOINT COMPACTION",
+)
 LOG_LINES = 48  # about 3.3 KB a log, ~1,000 tokens
 _STEP = re.compile(r"== agents-e2e step (\d+) of (\d+) ==")
 _SUBTASK_STEP = re.compile(SUBTASK_MARKER + r" step (\d+)")

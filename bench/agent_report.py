@@ -171,6 +171,19 @@ def _reminders(body: Mapping[str, Any]) -> dict[str, int]:
     return {"blocks": len(found), "distinct": len(set(found))}
 
 
+def _repeated_systems(client: Mapping[str, Any], forwarded: Mapping[str, Any]) -> dict[str, int]:
+    """Copies of the `system` messages inside `messages` that the client repeats word for
+    word (Claude Code's), in its last request and in what was forwarded of it."""
+    found = [
+        " ".join(strings(m.get("content")))
+        for m in client.get("messages") or []
+        if isinstance(m, dict) and m.get("role") == "system"
+    ]
+    repeated = {text for text in found if found.count(text) > 1}
+    sent = " ".join(strings(forwarded.get("messages")))
+    return {"client": sum(map(found.count, repeated)), "forwarded": sum(map(sent.count, repeated))}
+
+
 def _forwarded_rows(log: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The proxy's decision on each request it forwarded, from its log."""
     rows = []
@@ -243,6 +256,10 @@ def report(run: Run) -> dict[str, Any]:
         "facts_in_last_request": _facts(run.facts, last),
         "client_context_share": context,
         "system_reminders_in_last_request": _reminders(_body_of(turns[-1]) if turns else {}),
+        "repeated_system_messages_in_last_request": _repeated_systems(
+            _body_of(client_turns[-1]) if client_turns else {},
+            _body_of(turns[-1]) if turns else {},
+        ),
         "prefix_stability": prefix_stability(turns),
         "client_prefix_stability": prefix_stability(client_turns),  # what the client sent
         "bill": bill(run.client, run.answered),
@@ -281,7 +298,9 @@ def print_report(figures: Mapping[str, Any]) -> None:
     )
     print(
         f"client context in forwarded loop turns: {figures['client_context_share']};"
-        f" system reminders in the last: {figures['system_reminders_in_last_request']}"
+        f" system reminders in the last: {figures['system_reminders_in_last_request']};"
+        f" repeated system messages in the last (the client's, forwarded):"
+        f" {figures['repeated_system_messages_in_last_request']}"
     )
     print(
         f"prefix stability: {figures['prefix_stability']} (of the client's own requests:"
@@ -362,9 +381,9 @@ def save_fixtures(run: Run, directory: Path) -> list[Path]:
         subagent = [e for e in calls if "x-claude-code-agent-id" in e.request.headers]
         if subagent:
             chosen["subagent"] = (subagent[0], "a sub-agent's first request (the Agent tool)")
-        own = [e for e in calls if _is_client_compaction(_body_of(e.request))]
-        if own:
-            chosen["compaction"] = (own[0], "Claude Code's own compaction request")
+    own = [e for e in calls if _is_client_compaction(_body_of(e.request))]
+    if own:
+        chosen["compaction"] = (own[0], "the client's own compaction request")
     written = []
     for name, (exchange, what) in chosen.items():
         path = directory / f"{run.client}-{name}.json"

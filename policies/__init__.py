@@ -7,6 +7,7 @@ conversation that `render` (or `render_entries`) applies to later requests of th
 
 from policies.budget import Budget, Status
 from policies.chain import Chain, canonical, message_digest
+from policies.client_context import is_compaction_request, outside_chain
 from policies.context import Context
 from policies.conversation import (
     current_turn,
@@ -68,10 +69,12 @@ __all__ = [
     "digest",
     "header_message",
     "image_tokens",
+    "is_compaction_request",
     "is_system",
     "make_context",
     "media_tokens",
     "message_digest",
+    "outside_chain",
     "render",
     "render_entries",
     "roll_prepared",

@@ -1,4 +1,5 @@
-"""The hash chain that identifies a conversation prefix, system messages excluded.
+"""The hash chain that identifies a conversation prefix, system messages (and the clients' own
+context, `policies.client_context`) excluded.
 
 A plan applies to a request only when the chain prefix it was computed over is unchanged.
 Messages are hashed in a canonical form, so that what SDKs echo back differently (null
@@ -12,8 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.conversation import SYSTEM_ROLES
-from policies.message import call_arguments, call_name, tool_calls
+from policies.client_context import CONTEXT_FIRST, is_client_context
+from policies.message import SYSTEM_ROLES, call_arguments, call_name, tool_calls
 
 DIGEST_SIZE = 8
 
@@ -61,9 +62,18 @@ class Chain:
         """The chain of the non-system `messages`; `digests` gives each message's digest
         (the proxy passes one that memoises them)."""
         found = digests(messages)
-        # is_system inlined: this runs over every message of every request.
         return cls(
-            [d for m, d in zip(messages, found, strict=True) if m.get("role") not in SYSTEM_ROLES]
+            [
+                d
+                for m, d in zip(messages, found, strict=True)
+                # outside_chain inlined (a call per message costs as much as the rest).
+                if (role := m.get("role")) not in SYSTEM_ROLES
+                and not (
+                    role == "user"
+                    and ((c := m.get("content")).__class__ is not str or c[:1] in CONTEXT_FIRST)
+                    and is_client_context(m)
+                )
+            ]
         )
 
     def __len__(self) -> int:

@@ -1,7 +1,8 @@
 """The structure of a conversation: rounds, tool blocks, the current turn, tool pairing.
 
 Every function takes a message list and answers with indices into it; system and developer
-messages may stand anywhere and belong to no round or block.
+messages, and the clients' own context (`policies.client_context`), may stand anywhere and
+belong to no round or block.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policies.message import tool_calls
-
-SYSTEM_ROLES = frozenset({"system", "developer"})
+from policies.client_context import is_compaction_prompt, outside_chain
+from policies.message import SYSTEM_ROLES, tool_calls
 
 
 def is_system(message: Mapping[str, Any]) -> bool:
@@ -50,9 +50,13 @@ def current_turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
 
     The tail is the newest tool block when the conversation ends with tool results (an agent
     loop), else the last user message, and in both cases everything after it. With no user
-    message at all the whole conversation is the current turn.
+    message at all the whole conversation is the current turn. A client's own compaction
+    prompt at the end is not the turn: the turn is the one it asks to summarise, with it.
     """
-    last = next((i for i in reversed(range(len(messages))) if not is_system(messages[i])), None)
+    last = _last_in_chain(messages, len(messages))
+    if last is not None and is_compaction_prompt(messages[last]):
+        earlier = _last_in_chain(messages, last)
+        last = last if earlier is None else earlier
     if last is None:
         return len(messages)
     if messages[last].get("role") == "tool":
@@ -61,7 +65,7 @@ def current_turn_start(messages: Sequence[Mapping[str, Any]]) -> int:
             start -= 1
         calling = start > 0 and messages[start - 1].get("role") == "assistant"
         return start - 1 if calling and tool_calls(messages[start - 1]) else start
-    return _last_user(messages, len(messages)) or 0
+    return _last_user(messages, last + 1) or 0
 
 
 def current_turn(messages: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -71,8 +75,8 @@ def current_turn(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     task) before it; the loop's older tool blocks are not part of the turn.
     """
     start = current_turn_start(messages)
-    tail = [i for i in range(start, len(messages)) if not is_system(messages[i])]
-    if not tail or messages[start].get("role") == "user":
+    tail = [i for i in range(start, len(messages)) if not outside_chain(messages[i])]
+    if not tail or _is_task(messages[start]):
         return tail
     task = _last_user(messages, start)
     return tail if task is None else [task, *tail]
@@ -104,4 +108,18 @@ def tool_pair_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _last_user(messages: Sequence[Mapping[str, Any]], before: int) -> int | None:
-    return next((i for i in reversed(range(before)) if messages[i].get("role") == "user"), None)
+    """The last user message before `before` that says what to do: not a client's context
+    nor its compaction prompt."""
+    return next((i for i in reversed(range(before)) if _is_task(messages[i])), None)
+
+
+def _is_task(message: Mapping[str, Any]) -> bool:
+    return (
+        message.get("role") == "user"
+        and not outside_chain(message)
+        and not is_compaction_prompt(message)
+    )
+
+
+def _last_in_chain(messages: Sequence[Mapping[str, Any]], before: int) -> int | None:
+    return next((i for i in reversed(range(before)) if not outside_chain(messages[i])), None)

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from policies.anchors import anchor_block
+from policies.client_context import left_out, outside_positions, superseded
 from policies.context import Context
 from policies.decision import Decision
 from policies.message import Message, visible_text
@@ -53,6 +54,12 @@ class Draft:
             )
         )
         self.header = self.header_cost(self.summary)
+        # Superseded copies of system messages and client context, and their tokens: the
+        # view leaves out those the plan displaces (`policies.client_context.left_out`).
+        outside = outside_positions(messages)
+        copies = superseded(messages, outside, max(plan.covered, len(ctx.chain)))
+        self._copies = copies
+        self._copy_tokens = {i: ctx.counter.message(messages[i]) for i in copies}
         self._lost: dict[str, None] = {}
         self._lost_tokens = 0
         self.tokens_before = self.tokens
@@ -64,7 +71,11 @@ class Draft:
         if self._lost:
             heading = 0 if self.anchor_block else self.ctx.counter.text(ANCHOR_HEADING) + 2
             lost = min(self._lost_tokens, self.anchor_cap) + heading
-        return self.ctx.fixed_tokens + self.ctx.system_tokens + self.header + self._body + lost
+        system = self.ctx.system_tokens
+        if self._copies:
+            left = left_out(self._copies, self.cut, self.edits)
+            system -= sum(self._copy_tokens[i] for i in left)
+        return self.ctx.fixed_tokens + system + self.header + self._body + lost
 
     def over(self, goal: int | None = None) -> bool:
         return self.tokens > (self.ctx.aim_tokens if goal is None else goal)

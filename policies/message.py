@@ -8,6 +8,8 @@ from typing import Any
 Message = dict[str, Any]
 """An OpenAI chat message as the client sent it; unknown fields are kept as they are."""
 
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
 MEDIA_LABELS = {"image_url": "[image]", "input_audio": "[audio]", "file": "[file]"}
 
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 
 from policies.anchors import anchor_pattern
 from policies.budget import Budget
+from policies.client_context import outside_chain
 from policies.context import Context, protected_start, turn_growth
-from policies.conversation import current_turn, current_turn_start, is_system, tool_blocks
+from policies.conversation import current_turn, current_turn_start, tool_blocks
 from policies.counting import Counter
 from policies.decision import Decision
 from policies.draft import Draft, lost_anchors
@@ -131,8 +132,8 @@ def make_context(
     if message_tokens is None:
         message_tokens = [counter.message(m) for m in messages]
     counted = list(zip(messages, message_tokens, strict=True))
-    chain = tuple(m for m, _ in counted if not is_system(m))
-    chain_tokens = tuple(t for m, t in counted if not is_system(m))
+    chain = tuple(m for m, _ in counted if not outside_chain(m))
+    chain_tokens = tuple(t for m, t in counted if not outside_chain(m))
     if target_tokens is None:
         target = budget.target_tokens
         aim = policy.aim(budget, turn_growth(chain_tokens, chain))
@@ -146,7 +147,7 @@ def make_context(
         counter=counter,
         chain=chain,
         chain_tokens=chain_tokens,
-        system_tokens=sum(t for m, t in counted if is_system(m)),
+        system_tokens=sum(t for m, t in counted if outside_chain(m)),
         fixed_tokens=fixed_tokens,
         target_tokens=target,
         aim_tokens=aim,

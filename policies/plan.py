@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.conversation import SYSTEM_ROLES
-from policies.message import Message, call_arguments, call_function
+from policies.client_context import CONTEXT_FIRST, is_client_context, left_out, superseded
+from policies.message import SYSTEM_ROLES, Message, call_arguments, call_function
 from policies.summary import Summary
 
 SUMMARY_HEADING = (
@@ -137,19 +137,28 @@ def render_entries(
     `messages` of the message it shows (that message itself, or the plan's edit of it), or
     None for the header message. Wire formats map the view back to their own items by it.
 
-    System messages stay verbatim and in order; those inside the evicted prefix move before
-    the header message, which stands where the kept part of the chain begins, as does the
-    plan's `task`.
+    System messages and the clients' context stay verbatim and in order; those inside the
+    evicted prefix move before the header message, which stands where the kept part of the
+    chain begins, as does the plan's `task`. One of them that the plan displaced (in the
+    evicted prefix, or after a message the plan dropped) is left out when a later one
+    supersedes it (`client_context.superseded`), so that evicted copies do not pile up.
     """
     header = header_message(plan.summary, plan.anchor_block, summary_role)
     entries: list[tuple[int | None, Message]] = []
     if header is None and plan.cut == 0 and not plan.edits:
         entries.extend(enumerate(messages))
         return entries
+    outside: dict[int, int] = {}  # where each message outside the chain stands in it
     position = 0
     edits = plan.edits
     for index, message in enumerate(messages):
-        if message.get("role") in SYSTEM_ROLES:  # is_system: this runs over every message
+        role = message.get("role")  # outside_chain inlined: this runs over every message
+        if role in SYSTEM_ROLES or (
+            role == "user"
+            and ((c := message.get("content")).__class__ is not str or c[:1] in CONTEXT_FIRST)
+            and is_client_context(message)
+        ):
+            outside[index] = position
             entries.append((index, message))
             continue
         position += 1
@@ -163,6 +172,11 @@ def render_entries(
             entries.append((index, edit if edit is message else applied_edit(edit, message)))
     if header is not None:
         entries.append((None, header))
+    if len(outside) > 1:
+        copies = superseded(messages, outside, plan.covered)
+        omitted = set(left_out(copies, plan.cut, edits)) if copies else ()
+        if omitted:
+            return [entry for entry in entries if entry[0] not in omitted]
     return entries
 
 

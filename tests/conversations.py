@@ -27,6 +27,7 @@ from policies import (
     current_turn,
     is_system,
     media_tokens,
+    outside_chain,
     tool_pair_problems,
 )
 from policies.compress import PREFIX
@@ -234,11 +235,13 @@ def view_problems(messages: Sequence[Message], view: Sequence[Message]) -> list[
     headers = [i for i, m in enumerate(view) if is_header(m)]
     if len(headers) > 1:
         problems.append(f"{len(headers)} header messages")
-    # Before the header: system messages, and the task of an agent loop whose rounds the
-    # summary stands for (a user message kept verbatim).
-    if headers and len([m for m in view[: headers[0]] if not is_system(m)]) > 1:
+    # Before the header: system messages and the clients' context, and the task of an agent
+    # loop whose rounds the summary stands for (a user message kept verbatim).
+    if headers and len([m for m in view[: headers[0]] if not outside_chain(m)]) > 1:
         problems.append("more than a task between the system messages and the header")
-    if headers and not all(is_system(m) or m.get("role") == "user" for m in view[: headers[0]]):
+    if headers and not all(
+        outside_chain(m) or m.get("role") == "user" for m in view[: headers[0]]
+    ):
         problems.append("the header is not right after the system messages (and the task)")
     # Matched from the end: identical messages (two empty user messages) then pair up with
     # the newest originals, which is where the current turn is.
@@ -246,7 +249,7 @@ def view_problems(messages: Sequence[Message], view: Sequence[Message]) -> list[
     for message in reversed([m for m in view if not is_header(m)]):
         origin -= 1
         while origin >= 0 and not _from(messages[origin], message):
-            if is_system(messages[origin]):
+            if is_system(messages[origin]) and not _repeated_later(messages, origin):
                 problems.append(f"system message {origin} missing or moved")
             origin -= 1
         if origin < 0:
@@ -254,14 +257,36 @@ def view_problems(messages: Sequence[Message], view: Sequence[Message]) -> list[
             break
         if message == messages[origin]:
             exact.add(origin)
-    if [m for m in view if is_system(m) and not is_header(m)] != [
-        m for m in messages if is_system(m)
-    ]:
+    if not _systems_kept([m for m in view if is_system(m) and not is_header(m)], messages):
         problems.append("system messages changed")
     changed = [i for i in current_turn(messages) if i not in exact]
     if changed:
         problems.append(f"current turn changed at {changed}")
     return problems
+
+
+def _repeated_later(messages: Sequence[Message], index: int) -> bool:
+    """Whether system message `index` comes again, word for word, later in `messages`: a copy
+    a view may leave out where a compaction displaced it."""
+    return any(_same_text(m, messages[index]) for m in messages[index + 1 :] if is_system(m))
+
+
+def _systems_kept(shown: Sequence[Message], messages: Sequence[Message]) -> bool:
+    """Whether the view's system messages are the request's, in order, verbatim, but for
+    copies of ones that come again later."""
+    systems = [m for m in messages if is_system(m)]
+    at = len(shown)  # matched from the end: the newest copy is the one a view keeps
+    for index in reversed(range(len(systems))):
+        if at > 0 and shown[at - 1] == systems[index]:
+            at -= 1
+        elif not any(_same_text(later, systems[index]) for later in systems[index + 1 :]):
+            return False
+    return at == 0
+
+
+def _same_text(one: Message, other: Message) -> bool:
+    """Whether two messages say the same (a string or text blocks of it)."""
+    return content_text(one.get("content")) == content_text(other.get("content"))
 
 
 def _from(original: Message, message: Message) -> bool:

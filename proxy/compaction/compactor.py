@@ -80,11 +80,27 @@ class Compactor:
                 turn.budget = self._budget(turn.request, turn.limits, ratio)
                 turn.ratio = ratio
                 status = turn.budget.status(tokens)
+        if turn.request.client_compaction and pending is None:
+            return self._client_compaction(turn, entries, tokens_before, tokens) or (
+                await self._compact(turn, tokens_before, None, turn.budget.limit)
+            )
         if status == "compact" or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
         if status == "prepare":
             self.prepared.start(turn, tokens)
         return unchanged or self._unchanged(turn, entries, tokens_before, tokens)
+
+    def _client_compaction(
+        self, turn: Turn, entries: Entries | None, tokens_before: int, tokens: int
+    ) -> Forward | None:
+        """The client's own compaction request, as it goes when it fits the window: it asks for
+        a summary of its whole history, so nothing more is taken from it than the session's
+        plan already takes, and no summary is prepared (the client is about to replace the
+        history it would cover). None when it must be compacted: then only to the limit, with
+        the digest (no summary call), the task and the client's prompt kept."""
+        if tokens > turn.budget.limit:
+            return None
+        return self._unchanged(turn, entries, tokens_before, tokens)
 
     async def view(self, request: ClientRequest) -> Entries | None:
         """The session's plan applied to this request, None when it has none: what would be
@@ -175,13 +191,14 @@ class Compactor:
             levels=(turn.budget.compact_tokens, turn.budget.target_tokens),
             shadow=request.shadow,
             ratio=turn.ratio,
+            client_compaction=turn.request.client_compaction,
         )
 
     async def _compact(
         self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None
     ) -> Forward:
         request = turn.request
-        llm = self.prepared.bounded(turn)
+        llm = None if turn.request.client_compaction else self.prepared.bounded(turn)
         saved: policies.Plan | None = None  # a degraded plan, as stored
         lock = Lock(None)
         if turn.loaded.available:
@@ -305,7 +322,7 @@ class Compactor:
         """Store the compaction's plan for its branch; whether it was written."""
         request = turn.request
         old, new = turn.plan, result.plan
-        chain = [m for m in request.messages if not policies.is_system(m)]
+        chain = [m for m in request.messages if not policies.outside_chain(m)]
         evicted = [chain[p] for p in range(old.cut, new.cut) if p != new.task] + [
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]

@@ -30,6 +30,9 @@ class Forward:
     # The tokens above are the counter's; the decision took the upstream's to be `ratio`
     # times them (calibration, or an exact count), and so do the headers.
     ratio: float = 1.0
+    # The client's own compaction request (`Dialect.client_compaction`): forwarded with the
+    # least loss, no summary prepared for it.
+    client_compaction: bool = False
 
     @property
     def applied(self) -> str:
@@ -57,6 +60,8 @@ class Forward:
             headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
         if not self.anchors_complete:
             headers.append(("x-compaction-anchors", "truncated"))
+        if self.client_compaction:
+            headers.append(("x-compaction-client-compaction", "true"))
         if self.shadow:
             headers.append(SHADOW_HEADER)
         return headers

@@ -4,6 +4,7 @@ compaction decision of that request is made from."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import policies
 from proxy.config import Policy, Upstream
@@ -42,6 +43,11 @@ class ClientRequest:
     @property
     def messages(self) -> list[policies.Message]:
         return self.parsed.messages
+
+    @functools.cached_property
+    def client_compaction(self) -> bool:
+        """Whether this is the client's own compaction request (`Dialect.client_compaction`)."""
+        return self.dialect.client_compaction(self.parsed)
 
     def body(self, entries: Entries | None) -> bytes:
         """What goes upstream for the view `entries` (None: the request as it is): the

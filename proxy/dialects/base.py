@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 from starlette.responses import Response
 
-from policies import Message
+from policies import Message, is_compaction_request
 from proxy.errors import APIError
 from proxy.models.tokens import TokenCounter
 
@@ -103,6 +103,11 @@ class Dialect(ABC):
     @abstractmethod
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         """The session id the client itself names (its own header or body field), if any."""
+
+    def client_compaction(self, parsed: Parsed) -> bool:
+        """Whether the request is the client's own compaction: it asks for a summary of its
+        history, to replace the history with (`policies.client_context`)."""
+        return is_compaction_request(parsed.messages)
 
     @abstractmethod
     def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:

@@ -39,7 +39,7 @@ from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import Dialect
 from proxy.dialects.json_checks import load_object
 from proxy.dialects.openai import responses_answers as answers
-from proxy.dialects.openai.responses import HELD_UPSTREAM, input_items
+from proxy.dialects.openai.responses import COMPACTION_TRIGGER, HELD_UPSTREAM, input_items
 from proxy.dialects.openai.responses_compaction import MARKER, CompactionSeal, expand, is_proxy_item
 from proxy.errors import InvalidRequest
 from proxy.observability.metrics import Metrics, RequestLabels
@@ -55,7 +55,7 @@ Headers = list[tuple[str, str]]
 Relayer = Callable[[Request, Upstream, str, bytes, Headers], Awaitable[ASGIApp]]
 COMPACT_PATH = "/v1/responses/compact"
 _UPSTREAM_COMPACT_PATH = COMPACT_PATH.removeprefix("/v1")
-TRIGGER = "compaction_trigger"
+TRIGGER = COMPACTION_TRIGGER
 ACTION = "provider_compaction"  # the x-compaction-action of a provider compaction
 _SHADOWED = [("x-compaction-action", shown_action(ACTION, shadow=True)), SHADOW_HEADER]
 # One scan of a body tells that it holds no compaction or compaction_trigger item (both

@@ -36,6 +36,7 @@ MIN_OUTPUT_TOKENS = 16  # the API refuses a lower max_output_tokens
 _OPENING = frozenset({"response.created", "response.in_progress"})
 _HEAD_LIMIT = 1 << 20  # a stream head this long without a verdict is no overflow report
 _USAGE = b'"usage":{'
+COMPACTION_TRIGGER = "compaction_trigger"  # an item: "compacts the current context"
 
 
 class Responses(OpenAIDialect, StreamOverflow):
@@ -77,6 +78,14 @@ class Responses(OpenAIDialect, StreamOverflow):
             if isinstance(value, str) and value:
                 return value
         return None
+
+    def client_compaction(self, parsed: Parsed) -> bool:
+        """A summarisation turn (Codex's on a custom provider), or a `compaction_trigger` as the
+        last item (Codex's built-in provider, `remote_compaction_v2`), relayed to the upstream."""
+        items = parsed.items
+        last = items[-1] if items else None
+        trigger = isinstance(last, dict) and last.get("type") == COMPACTION_TRIGGER
+        return trigger or super().client_compaction(parsed)
 
     def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:
         """Reply priming, `instructions` counted as the system message it is, function tools

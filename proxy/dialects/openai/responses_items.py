@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from policies import Message, media_tokens
-from policies.conversation import SYSTEM_ROLES
+from policies.message import SYSTEM_ROLES
 from proxy.dialects.json_checks import BadField, all_typed_objects, check_string, invalid_type
 from proxy.memo import content_keys
 
