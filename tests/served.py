@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +48,22 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(config: dict[str, Any], directory: Path) -> Iterator[Served]:
-    """The proxy serving `config` (written to `directory`), once it is ready; killed after,
-    unless it has ended."""
+def served(
+    config: dict[str, Any], directory: Path, env: Mapping[str, str] | None = None
+) -> Iterator[Served]:
+    """The proxy serving `config` (written to `directory`) with `env` added to its
+    environment, once it is ready; killed after, unless it has ended."""
     port = free_port()
     file = directory / "config.yaml"
     file.write_text(yaml.safe_dump(config))
     process = subprocess.Popen(
         [str(SCRIPT), "serve", "--config", str(file), "--port", str(port)],
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            **(env or {}),
+        },
     )
     url = f"http://127.0.0.1:{port}"
     try:
