@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -77,6 +78,15 @@ def served(
         if process.poll() is None:
             process.kill()
         process.communicate()
+
+
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def ready(url: str) -> bool:

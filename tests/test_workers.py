@@ -22,11 +22,11 @@ import pytest
 
 from tests.conversations import words
 from tests.fakes.openai import FakeUpstream
-from tests.served import Served, served
+from tests.served import Served, accepts, served
 
 pytestmark = pytest.mark.subprocess
 
-WORKERS, DELAY = 2, 1.0
+WORKERS, DELAY = 2, 3.0
 REQUESTS = 'compaction_proxy_requests_total{model="small-8k",policy="default",route="chat"'
 
 
@@ -127,12 +127,16 @@ def test_sigterm_drains_every_worker_and_exits_0(
     process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     # Every worker is draining: whichever takes it, /readyz says 503 ...
-    for _ in range(8):
+    for _ in range(4):
         readyz = httpx.get(url + "/readyz", headers={"connection": "close"}, timeout=2)
         assert readyz.status_code == 503 and readyz.json()["status"] == "draining"
     # ... while what still comes during the delay is served.
     assert ask(url, str(uuid.uuid4()), history(1)) == "none"
     assert time.monotonic() - signalled < DELAY
+    # Then the port is closed, as one process's is.
+    while accepts(served_proxy.port):
+        assert time.monotonic() - signalled < DELAY + 2, "still accepting after the delay"
+        time.sleep(0.05)
     _, err = process.communicate(timeout=10)
     assert process.returncode == 0, err
     assert b"Traceback" not in err
