@@ -54,10 +54,10 @@ def served_requests(worker: int) -> float:
     path = next(
         fields[7]
         for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-        if len(fields := line.split()) == 8 and fields[6] in inodes and "worker-" in fields[7]
+        if len(fields := line.split()) == 8 and fields[6] in inodes and "-worker-" in fields[7]
     )
     with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(path)
+        sock.connect("\0" + path.removeprefix("@"))  # an abstract socket's name
         data = b"".join(iter(lambda: sock.recv(65536), b""))
     families = {name: samples for name, _, _, samples in orjson.loads(data)}
     return sum(

@@ -20,6 +20,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.observability.worker_metrics import Worker
 from tests.conversations import words
 from tests.fakes.openai import FakeUpstream
 from tests.served import Served, accepts, served
@@ -31,9 +32,7 @@ REQUESTS = 'compaction_proxy_requests_total{model="small-8k",policy="default",ro
 
 
 @pytest.fixture
-def proxy(tmp_path: Path) -> Iterator[tuple[Served, Path, FakeUpstream]]:
-    sockets = tmp_path / "tmp"  # where the workers' sockets go (tempfile's TMPDIR)
-    sockets.mkdir()
+def proxy(tmp_path: Path) -> Iterator[tuple[Served, FakeUpstream]]:
     with FakeUpstream(windows={"small-8k": 8192}) as up:
         config = {
             "upstreams": {"up": {"base_url": up.base_url}},
@@ -41,8 +40,8 @@ def proxy(tmp_path: Path) -> Iterator[tuple[Served, Path, FakeUpstream]]:
             "store": {"url": "redis://127.0.0.1:6379/0", "key_prefix": f"workers-{uuid.uuid4()}"},
             "listen": {"workers": WORKERS, "shutdown_delay_seconds": DELAY},
         }
-        with served(config, tmp_path, env={"TMPDIR": str(sockets)}) as proxy:
-            yield proxy, sockets, up
+        with served(config, tmp_path) as proxy:
+            yield proxy, up
 
 
 def history(turns: int) -> list[dict[str, str]]:
@@ -63,14 +62,12 @@ def ask(url: str, session: str, messages: list[dict[str, str]]) -> str:
     return answer.headers["x-compaction-action"]
 
 
-def worker_requests(directory: Path) -> list[float]:
+def worker_requests(parent: int) -> list[float]:
     """The chat requests each worker counted, asked of its own socket as its siblings ask."""
-    found = sorted(directory.glob("compaction-proxy-*/worker-*.sock"))
-    assert len(found) == WORKERS, found
     counts = []
-    for path in found:
+    for index in range(WORKERS):
         with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(path))
+            sock.connect(Worker(index, WORKERS, parent).socket(index))
             data = b"".join(iter(lambda: sock.recv(65536), b""))
         families = {name: samples for name, _, _, samples in orjson.loads(data)}
         counts.append(
@@ -90,9 +87,9 @@ def spawned(parent: int) -> list[int]:
 
 
 def test_two_workers_serve_share_sessions_and_sum_their_metrics(
-    proxy: tuple[Served, Path, FakeUpstream],
+    proxy: tuple[Served, FakeUpstream],
 ) -> None:
-    served_proxy, sockets, _ = proxy
+    served_proxy, _ = proxy
     url, session = served_proxy.url, str(uuid.uuid4())
     messages = history(30)  # about 15k tokens: over the 8k window
     assert ask(url, session, messages) == "compacted"
@@ -103,9 +100,9 @@ def test_two_workers_serve_share_sessions_and_sum_their_metrics(
         for _ in range(20):
             actions |= set(pool.map(lambda _: ask(url, session, messages), range(16)))
             sent += 16
-            if all(worker_requests(sockets)):
+            if all(worker_requests(served_proxy.process.pid)):
                 break
-    counts = worker_requests(sockets)
+    counts = worker_requests(served_proxy.process.pid)
     assert all(counts), f"a worker served nothing: {counts}"
     assert actions == {"replayed"}
     assert sum(counts) == sent
@@ -118,9 +115,9 @@ def test_two_workers_serve_share_sessions_and_sum_their_metrics(
 
 
 def test_sigterm_drains_every_worker_and_exits_0(
-    proxy: tuple[Served, Path, FakeUpstream],
+    proxy: tuple[Served, FakeUpstream],
 ) -> None:
-    served_proxy, sockets, _ = proxy
+    served_proxy, _ = proxy
     process, url = served_proxy.process, served_proxy.url
     workers = spawned(process.pid)
     assert len(workers) == WORKERS
@@ -142,7 +139,8 @@ def test_sigterm_drains_every_worker_and_exits_0(
     assert b"Traceback" not in err
     assert err.count(b'"shutting down"') == WORKERS
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
-    assert not list(sockets.iterdir())  # the sockets' directory is gone
+    with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(Worker(0, WORKERS, process.pid).socket(0))  # the sockets are gone
 
 
 def test_memory_store_is_refused_with_workers(tmp_path: Path) -> None:

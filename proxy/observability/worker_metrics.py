@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
+import socket
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -33,14 +33,16 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 @dataclasses.dataclass(frozen=True)
 class Worker:
-    """Which of `count` workers this process is, and the directory where their sockets are."""
+    """Which of `count` workers this process is, of the parent process `parent`."""
 
     index: int
     count: int
-    directory: str
+    parent: int  # its pid: the workers' sockets are named after it
 
     def socket(self, index: int) -> str:
-        return os.path.join(self.directory, f"worker-{index}.sock")
+        """The worker's socket, in Linux's abstract namespace: no file to leave behind, and
+        no directory whose length could pass a socket path's bound (108 bytes)."""
+        return f"\0compaction-proxy-{self.parent}-worker-{index}"
 
 
 class WorkerMetrics:
@@ -79,7 +81,15 @@ class WorkerMetrics:
     async def _ask(self, index: int) -> list[Any] | None:
         try:
             async with asyncio.timeout(self.timeout_seconds):
-                reader, writer = await asyncio.open_unix_connection(self.worker.socket(index))
+                # Connected first: uvloop's open_unix_connection refuses an abstract name.
+                sock = socket.socket(socket.AF_UNIX)
+                sock.setblocking(False)
+                try:
+                    await asyncio.get_running_loop().sock_connect(sock, self.worker.socket(index))
+                except BaseException:
+                    sock.close()
+                    raise
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
                 try:
                     answer: list[Any] = orjson.loads(await reader.read())
                 finally:

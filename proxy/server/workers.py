@@ -21,10 +21,8 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import socket
-import tempfile
 import threading
 from collections.abc import Mapping
 from types import FrameType
@@ -74,12 +72,11 @@ def _supervise(config: Config, facts: Mapping[str, Any]) -> int:
         )
         for _ in range(count)
     ]
-    directory = tempfile.mkdtemp(prefix="compaction-proxy-")
     spawn = multiprocessing.get_context("spawn")
     workers = [
         spawn.Process(
             target=_worker,
-            args=(config, {**facts, "worker": i}, listeners[i], Worker(i, count, directory)),
+            args=(config, {**facts, "worker": i}, listeners[i], Worker(i, count, os.getpid())),
             name=f"compaction-proxy worker {i}",
         )
         for i in range(count)
@@ -115,7 +112,6 @@ def _supervise(config: Config, facts: Mapping[str, Any]) -> int:
             signal.signal(s, handler)
         for listener in listeners:
             listener.close()
-        shutil.rmtree(directory, ignore_errors=True)
     return 1 if failed or any(p.exitcode != 0 for p in workers) else 0
 
 
