@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,26 +49,20 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(
-    config: dict[str, Any], directory: Path, env: Mapping[str, str] | None = None
-) -> Iterator[Served]:
-    """The proxy serving `config` (written to `directory`) with `env` added to its
-    environment, once it is ready; killed after, unless it has ended."""
+def served(config: dict[str, Any], directory: Path, ready_within: float = 20) -> Iterator[Served]:
+    """The proxy serving `config` (written to `directory`), once it is ready (within
+    `ready_within` seconds); killed after, unless it has ended."""
     port = free_port()
     file = directory / "config.yaml"
     file.write_text(yaml.safe_dump(config))
     process = subprocess.Popen(
         [str(SCRIPT), "serve", "--config", str(file), "--port", str(port)],
         stderr=subprocess.PIPE,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-            **(env or {}),
-        },
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + ready_within
         while not ready(url):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "the proxy did not become ready"

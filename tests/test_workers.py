@@ -40,7 +40,8 @@ def proxy(tmp_path: Path) -> Iterator[tuple[Served, FakeUpstream]]:
             "store": {"url": "redis://127.0.0.1:6379/0", "key_prefix": f"workers-{uuid.uuid4()}"},
             "listen": {"workers": WORKERS, "shutdown_delay_seconds": DELAY},
         }
-        with served(config, tmp_path) as proxy:
+        # Each worker a fresh interpreter: on a loaded machine two start slower than one.
+        with served(config, tmp_path, ready_within=90) as proxy:
             yield proxy, up
 
 
