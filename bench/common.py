@@ -91,7 +91,8 @@ def _wait_until_up(
         if process.poll() is not None:
             raise RuntimeError(f"{process.args!r} exited: {log.read_text()[-2000:]}")
         with (
-            contextlib.suppress(urllib.error.URLError, ConnectionError),
+            # A timeout: the port is bound but nothing accepts yet (`serve --workers N`).
+            contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
             urllib.request.urlopen(
                 urllib.request.Request(url, headers={**headers}), timeout=1
             ) as response,

@@ -2,6 +2,7 @@
 a figure that does not move with the machine's load, as overhead.py's times do.
 
     .venv/bin/python bench/instructions.py [--compare REV] [--requests 200]
+    .venv/bin/python bench/instructions.py --replayed [--compare REV] [--requests 30]
 
 Each way is `compaction-proxy serve` under `valgrind --tool=callgrind --instr-atstart=no` in
 front of the fake upstream (in-memory store, the admin API on): 100 small requests to warm up,
@@ -9,6 +10,10 @@ then instrumentation on for `--requests` more, 4 at a time over keep-alive conne
 the count of instructions read from callgrind's dump, divided by the requests. The ways: this
 code (the dashboard's bookkeeping of every turn on, as with the admin API it is by default),
 this code with `admin.dashboard.enabled: false`, and with --compare, REV's code.
+
+`--replayed`: per replayed turn of a compacted session instead (overhead.py's case, each
+API, the Redis store), one turn at a time: each API's session compacted and 5 turns replayed,
+then `--requests` turns counted.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common
 from common import ROOT, fake_upstream, free_port, serve
-from overhead import HEADERS, SMALL, checkout, proxy_config
+from overhead import HEADERS, SMALL, checkout, own_keys, proxy_config, sealed_reasoning
+from replayed_turns import Replayed, cases, compact
 
 WARM_UP = 100
 CONCURRENCY = 4
@@ -75,12 +82,38 @@ async def send(url: str, count: int) -> None:
         await asyncio.gather(*(worker(count // CONCURRENCY) for _ in range(CONCURRENCY)))
 
 
-def per_request(server: common.Server, profile: Path, requests: int) -> float:
-    """Millions of instructions per request, of `requests` counted after the warm-up."""
-    asyncio.run(send(server.url, WARM_UP))
+async def replay(url: str, case: Replayed, turns: int, first: bool = False) -> None:
+    """`turns` replayed turns of `case`'s session, one at a time; `first`: compact it first."""
+    async with aiohttp.ClientSession() as session:
+        if first:
+            await compact(session, url, case)
+        for _ in range(turns):
+            async with session.post(url + case.path, data=case.sent, headers=case.headers) as r:
+                await r.read()
+                assert r.status == 200 and r.headers["x-compaction-action"] == "replayed"
+
+
+def per_request(
+    server: common.Server,
+    profile: Path,
+    requests: int,
+    case: Replayed | None = None,
+) -> float:
+    """Millions of instructions per request, of `requests` counted after the warm-up: small
+    requests, or `case`'s replayed turns."""
+    if case is None:
+        asyncio.run(send(server.url, WARM_UP))
+    else:
+        asyncio.run(replay(server.url, case, 5, first=True))
     pid = str(server.pid)
-    subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
-    asyncio.run(send(server.url, requests))
+    # On from here, the counts zeroed: toggling it off between two cases, callgrind's next
+    # total wraps around below zero.
+    for command in ("--instr=on", "--zero"):
+        subprocess.run(["callgrind_control", command, pid], check=True, capture_output=True)
+    if case is None:
+        asyncio.run(send(server.url, requests))
+    else:
+        asyncio.run(replay(server.url, case, requests))
     subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
     dumps = sorted(profile.parent.glob(profile.name + "*"), key=lambda p: p.stat().st_mtime)
     total = re.search(rb"^(?:summary|totals): (\d+)", dumps[-1].read_bytes(), re.M)
@@ -88,11 +121,47 @@ def per_request(server: common.Server, profile: Path, requests: int) -> float:
     return int(total[1]) / requests / 1e6
 
 
+def replayed(compare: str | None, requests: int, redis_url: str) -> None:
+    """Instructions per replayed turn of a compacted session, each API, this code and REV's."""
+    history = common.long_history(100_000)
+    windows = {"gpt-4o": 1_000_000, "gpt-4o-32k": 1_000_000}
+    with (
+        fake_upstream(windows) as upstream,
+        common.fake_anthropic(windows) as anthropic,
+        contextlib.ExitStack() as stack,
+    ):
+        items = common.as_responses_items(history, sealed_reasoning(upstream.url))
+        ways = [("this code", ROOT)]
+        if compare:
+            ways.append((compare, stack.enter_context(checkout(compare))))
+        print(
+            "| code | "
+            + " | ".join(f"replayed turn, {api}" for api in ("chat", "responses", "messages"))
+            + " |"
+        )
+        print("|---|---|---|---|")
+        for name, tree in ways:
+            prefix = f"cpbench-{os.urandom(4).hex()}"
+            config = proxy_config(upstream.url, redis_url, prefix, anthropic.url + "/v1")
+            figures = []
+            with own_keys(redis_url, prefix), tempfile.TemporaryDirectory() as folder:
+                profile = Path(folder) / "callgrind.out"
+                with counted(config, profile, tree) as server:
+                    for case in cases(history, items, HEADERS).values():
+                        figures.append(per_request(server, profile, requests, case))
+            print(f"| {name} | " + " | ".join(f"{f:.2f} M" for f in figures) + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", help="also count this revision's code")
-    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--requests", type=int, help="counted (default: 200, replayed 30)")
+    parser.add_argument("--replayed", action="store_true", help="replayed compacted turns")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
+    if args.replayed:
+        replayed(args.compare, args.requests or 30, args.redis_url)
+        return
     with fake_upstream({"gpt-4o": 1_000_000}) as upstream, contextlib.ExitStack() as stack:
         config = proxy_config(upstream.url, "memory://", "cpbench")
         ways = [("this code, the dashboard's bookkeeping on", config, ROOT)]
@@ -105,7 +174,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as folder:
                 profile = Path(folder) / "callgrind.out"
                 with counted(yaml_text, profile, tree) as server:
-                    figure = per_request(server, profile, args.requests)
+                    figure = per_request(server, profile, args.requests or 200)
             print(f"| {name} | {figure:.3f} M |", flush=True)
 
 

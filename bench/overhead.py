@@ -42,6 +42,7 @@ from common import (
     bare_relay,
     busy_seconds,
     cpu_seconds,
+    fake_anthropic,
     fake_upstream,
     long_history,
     machine,
@@ -49,6 +50,8 @@ from common import (
     percentile,
     proxy,
 )
+from replayed_turns import KINDS, Replayed, cases, compact, models_yaml
+from replayed_turns import MODEL as REPLAYED_MODEL
 
 MODEL = "gpt-4o"
 WINDOW = 1_000_000  # the fake's window and the proxy's override: nothing is ever compacted
@@ -118,6 +121,7 @@ class Figures:
     overhead_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     cold_overhead_ms: dict[str, float] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)  # the proxy's count of each history
+    forwarded: dict[str, int] = field(default_factory=dict)  # of a replayed turn's view
     rss_mb: float = 0.0
     peak_mb: float = 0.0
     cold_start_s: float = 0.0  # spawn to the first /healthz 200
@@ -135,12 +139,19 @@ class Client:
         self.session = session
 
     async def call(
-        self, to: Figures, request: Request, headers: dict[str, str] = HEADERS
+        self,
+        to: Figures,
+        request: Request,
+        headers: dict[str, str] = HEADERS,
+        action: str = "none",
+        url: str | None = None,
     ) -> tuple[float, float, aiohttp.ClientResponse]:
-        """(seconds to the first body byte, seconds to the end, response) of one request."""
+        """(seconds to the first body byte, seconds to the end, response) of one request, to
+        `url` (else `to`'s) below /v1; the proxy is to have done `action`."""
         path, body = request
         started = time.perf_counter()
-        async with self.session.post(f"{to.url}{path}", data=body, headers=headers) as response:
+        base = url or to.url
+        async with self.session.post(f"{base}{path}", data=body, headers=headers) as response:
             first = await response.content.readany()
             first_byte = time.perf_counter() - started
             while await response.content.readany():
@@ -148,9 +159,9 @@ class Client:
             ended = time.perf_counter() - started
         if response.status != 200 or not first:
             raise RuntimeError(f"{to.name} answered {response.status}: {first[:300]!r}")
-        action = response.headers.get("x-compaction-action")
-        if to.proxied and action != "none":
-            raise RuntimeError(f"the proxy did {action!r} to a request it should leave alone")
+        done = response.headers.get("x-compaction-action")
+        if to.proxied and done != action:
+            raise RuntimeError(f"the proxy did {done!r} to a request, not {action!r}")
         return first_byte, ended, response
 
     async def rounds(
@@ -172,6 +183,29 @@ class Client:
                 if kind in HISTORIES and way.proxied:
                     overhead = float(response.headers["x-compaction-overhead-ms"])
                     way.overhead_ms[kind].append(overhead)
+
+    async def replayed(
+        self, kind: str, case: Replayed, count: int, ways: list[Figures], anthropic: str
+    ) -> None:
+        """A compacted session's replayed turns through each proxy, and what they forward
+        sent direct (and through the relay, but for Messages, which it does not relay), in
+        turn as `rounds`."""
+        direct = anthropic if case.api == "messages" else None
+        sent, forwarded = (case.path, case.sent), (case.path, case.forwarded)
+        for i in range(count):
+            shift = i % len(ways)
+            for way in ways[shift:] + ways[:shift]:
+                if way.proxied:
+                    _, end, response = await self.call(way, sent, case.headers, "replayed")
+                    overhead = float(response.headers["x-compaction-overhead-ms"])
+                    way.overhead_ms[kind].append(overhead)
+                elif way.name == "direct":
+                    _, end, _ = await self.call(way, forwarded, case.headers, url=direct)
+                elif case.api != "messages":
+                    _, end, _ = await self.call(way, forwarded, case.headers)
+                else:
+                    continue
+                way.seconds[kind].append(end)
 
     async def rate(self, way: Figures, seconds: float, pid: int) -> tuple[float, float]:
         """Requests/second of CONCURRENCY clients sending back to back for `seconds`, and the
@@ -200,7 +234,12 @@ class Client:
 
 
 async def measure(
-    direct: Figures, through: list[Figures], sizes: Sizes, histories: dict[str, Request]
+    direct: Figures,
+    through: list[Figures],
+    sizes: Sizes,
+    histories: dict[str, Request],
+    replayed: dict[str, Replayed],
+    anthropic: str,
 ) -> None:
     ways = [direct, *through]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
@@ -216,6 +255,15 @@ async def measure(
         await client.rounds("small", SMALL, sizes.small, ways)
         for kind, history in histories.items():
             await client.rounds(kind, history, sizes.large, ways)
+        for kind, case in replayed.items():
+            for way in through:
+                if way.proxied:
+                    cold, way.tokens[kind], way.forwarded[kind] = await compact(
+                        session, way.url, case
+                    )
+                    way.cold_overhead_ms[kind] = cold
+            await client.replayed("warm-up", case, 3, ways, anthropic)
+            await client.replayed(kind, case, sizes.large, ways, anthropic)
         await client.rounds("ttfb", STREAM, sizes.stream, ways, first_byte=True)
         for way in through:
             way.rate_direct, _ = await client.rate(direct, sizes.rate_seconds, direct.pid)
@@ -241,9 +289,10 @@ def first_chat(server: Server) -> float:
     return time.perf_counter() - server.spawned
 
 
-def proxy_config(upstream: str, store: str, key_prefix: str) -> str:
-    """The admin API on, and with it the dashboard's bookkeeping of every turn."""
-    return f"""
+def proxy_config(upstream: str, store: str, key_prefix: str, anthropic: str = "") -> str:
+    """The admin API on, and with it the dashboard's bookkeeping of every turn; with
+    `anthropic`, Messages go to it, and the replayed turns' model is served at its window."""
+    config = f"""
 listen: {{host: 127.0.0.1, port: 8080}}
 store: {{url: "{store}", key_prefix: "{key_prefix}"}}
 upstreams:
@@ -252,6 +301,14 @@ models:
   - {{match: "{MODEL}", context_window: {WINDOW}}}
 admin: {{token: bench-admin-token}}
 """
+    if not anthropic:
+        return config
+    config = config.replace("models:\n", "models:\n" + models_yaml())
+    return config.replace(
+        "upstreams:\n",
+        f"default_upstream: {{chat: fake, responses: fake, messages: claude}}\nupstreams:\n"
+        f'  claude: {{base_url: "{anthropic}", kind: anthropic}}\n',
+    )
 
 
 def redis_reachable(url: str) -> bool:
@@ -296,21 +353,33 @@ def run(
     history requests.
     """
     prefix = f"cpbench-{os.urandom(4).hex()}"
-    with fake_upstream({MODEL: WINDOW}) as upstream, contextlib.ExitStack() as stack:
+    windows = {MODEL: WINDOW, REPLAYED_MODEL: WINDOW}
+    with (
+        fake_upstream(windows) as upstream,
+        fake_anthropic(windows) as anthropic,
+        contextlib.ExitStack() as stack,
+    ):
         codex = as_responses_items(history, sealed_reasoning(upstream.url))
         histories = {"history": chat(history), "codex": responses(codex)}
+        replayed = cases(history, codex, HEADERS)
         direct = Figures("direct", upstream.url, pid=upstream.pid)
-        memory = proxy_config(upstream.url, "memory://", prefix)
+        claude = anthropic.url + "/v1"
+        memory = proxy_config(upstream.url, "memory://", prefix, claude)
         starts: list[tuple[str, contextlib.AbstractContextManager[Server], bool]] = [
             ("proxy, memory store", proxy(memory), True)
         ]
-        if compare:
-            tree = stack.enter_context(checkout(compare))
+        tree = stack.enter_context(checkout(compare)) if compare else None
+        if tree:
             starts.append((f"proxy at {compare}, memory store", proxy(memory, tree), True))
         if redis_url:
-            stack.enter_context(own_keys(redis_url, prefix))
-            on_redis = proxy(proxy_config(upstream.url, redis_url, prefix))
-            starts.append(("proxy, Redis store", on_redis, True))
+            # Each proxy its own prefix: their sessions have the same ids.
+            for at, code in (("", None), (f" at {compare}", tree)):
+                if at and code is None:
+                    continue
+                own = f"{prefix}{at.replace(' ', '-')}"
+                stack.enter_context(own_keys(redis_url, own))
+                on_redis = proxy(proxy_config(upstream.url, redis_url, own, claude), code)
+                starts.append((f"proxy{at}, Redis store", on_redis, True))
         starts.append(("bare relay (floor)", bare_relay(upstream.url), False))
         through = []
         for name, start, proxied in starts:
@@ -319,9 +388,9 @@ def run(
             way.first_chat_s = first_chat(server)
             way.cold_start_s = server.started_in
             through.append(way)
-        pids = [upstream.pid, *(way.pid for way in through)]
+        pids = [upstream.pid, anthropic.pid, *(way.pid for way in through)]
         started, busy, ours = time.perf_counter(), busy_seconds(), _ours(pids)
-        uvloop.run(measure(direct, through, sizes, histories))
+        uvloop.run(measure(direct, through, sizes, histories, replayed, claude))
         others = busy_seconds() - busy - (_ours(pids) - ours)
         for way in through:
             memory = memory_mb(way.pid)
@@ -352,6 +421,8 @@ def _added(kind: str, q: float, limit: float | None = None) -> Cell:
     """Milliseconds added at percentile q, judged against `limit`."""
 
     def cell(way: Figures, direct: Figures) -> str:
+        if not way.seconds[kind]:
+            return "-"  # not measured this way (the relay does not relay Messages)
         value = (percentile(way.seconds[kind], q) - percentile(direct.seconds[kind], q)) * 1000
         return f"{value:+.2f} ms" + ("" if limit is None else f" {_verdict(value <= limit)}")
 
@@ -369,6 +440,10 @@ def _rate(way: Figures, direct: Figures) -> str:
 
 def _none(direct: Figures) -> str:
     return "-"
+
+
+def _below(ms: float, limit: float) -> str:
+    return f"{ms:.2f} ms {_verdict(ms < limit)}"
 
 
 ROWS: list[tuple[str, Direct, Cell, str, str]] = [
@@ -389,6 +464,27 @@ ROWS: list[tuple[str, Direct, Cell, str, str]] = [
             ),
             (
                 "the same, first request of it (cold caches)",
+                _none,
+                _proxied(lambda w, kind=kind: f"{w.cold_overhead_ms[kind]:.2f} ms"),
+                "",
+                "",
+            ),
+        )
+    ),
+    *(
+        row
+        for kind in KINDS
+        for row in (
+            (f"{{{kind}}}, p50", _ms(kind, 50), _added(kind, 50, 3), "<= +3 ms", ""),
+            (
+                "proxy's x-compaction-overhead-ms p50, that turn",
+                _none,
+                _proxied(lambda w, kind=kind: _below(percentile(w.overhead_ms[kind], 50), 1)),
+                "< 1 ms",
+                "",
+            ),
+            (
+                "the same, its first replayed turn (its state parsed)",
                 _none,
                 _proxied(lambda w, kind=kind: f"{w.cold_overhead_ms[kind]:.2f} ms"),
                 "",
@@ -442,6 +538,13 @@ def report(figures: list[Figures], others: float, sizes: Sizes) -> str:
         kind: f"{max(way.tokens.get(kind, 0) for way in through):,}-token {what}"
         for kind, what in HISTORIES.items()
     }
+    for kind, api in KINDS.items():
+        sent = max(way.tokens.get(kind, 0) for way in through)
+        forwarded = max(way.forwarded.get(kind, 0) for way in through)
+        names[kind] = (
+            f"compacted session's replayed turn ({api}, {sent:,} tokens sent, {forwarded:,}"
+            " forwarded; direct: the forwarded body)"
+        )
     head = ["figure", "direct", *(way.name for way in through), "target", "LiteLLM proxy"]
     lines = [
         f"machine: {machine()}",

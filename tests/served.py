@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -48,9 +49,9 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(config: dict[str, Any], directory: Path) -> Iterator[Served]:
-    """The proxy serving `config` (written to `directory`), once it is ready; killed after,
-    unless it has ended."""
+def served(config: dict[str, Any], directory: Path, ready_within: float = 20) -> Iterator[Served]:
+    """The proxy serving `config` (written to `directory`), once it is ready (within
+    `ready_within` seconds); killed after, unless it has ended."""
     port = free_port()
     file = directory / "config.yaml"
     file.write_text(yaml.safe_dump(config))
@@ -61,7 +62,7 @@ def served(config: dict[str, Any], directory: Path) -> Iterator[Served]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + ready_within
         while not ready(url):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "the proxy did not become ready"
@@ -71,6 +72,15 @@ def served(config: dict[str, Any], directory: Path) -> Iterator[Served]:
         if process.poll() is None:
             process.kill()
         process.communicate()
+
+
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def ready(url: str) -> bool:

@@ -43,6 +43,7 @@ listen:
   shutdown_grace_seconds: 10
   websockets: false
   websocket_history_bytes: 1000000
+  workers: 3
 store:
   url: redis://:${{CP_TEST_REDIS_PASSWORD}}@127.0.0.1:6379/2
   ttl_seconds: 3600

@@ -4,6 +4,7 @@ compaction saved, the proxy's own refusals by reason, and no `_created` series."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from proxy.credentials import hash_key
 from proxy.models.catalog import ModelCatalog
 from proxy.observability import metrics
 from proxy.observability.labels import MAX_MODELS, OTHER, ModelLabels
+from proxy.observability.worker_metrics import Worker, WorkerMetrics
 from tests.conftest import ConfigFactory, examples, metric
 from tests.fakes.openai import FakeUpstream, count_prompt_tokens
 from tests.harness import harness
@@ -296,3 +298,30 @@ def test_past_max_models_names_collapse_into_other(tmp_path: Path) -> None:
     # The names labelled first keep their label; the config's are known names like any other.
     assert labels.label(names[0], openai) == names[0]
     assert labels.label("house-model", openai) == OTHER
+
+
+async def test_workers_metrics_are_summed_and_one_that_does_not_answer_is_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three workers of one parent, the third not serving: the first's scrape shows its own
+    and the second's requests, summed, and says that the third's are missing."""
+    parent = 4_000_000_000 + os.getpid()  # above any pid: no real parent's sockets
+    first, second = metrics.Metrics(), metrics.Metrics()
+    first.answered("chat", 200)
+    for _ in range(2):
+        second.answered("chat", 200)
+    second.in_flight.inc()
+    workers = [WorkerMetrics(m, Worker(i, 3, parent)) for i, m in enumerate((first, second))]
+    for worker in workers:
+        await worker.start()
+    try:
+        with caplog.at_level("WARNING", logger="compaction_proxy"):
+            text = (await workers[0].render()).decode()
+    finally:
+        for worker in workers:
+            await worker.close()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (requests,) = families["compaction_proxy_requests"].samples
+    assert requests.labels["route"] == "chat" and requests.value == 3
+    assert families["compaction_proxy_requests_in_flight"].samples[0].value == 1
+    assert [r.worker for r in caplog.records] == [2]  # type: ignore[attr-defined]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 import websockets
 
 from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, response, stream_head
-from tests.served import served
+from tests.served import accepts, served
 
 pytestmark = pytest.mark.subprocess
 
@@ -84,14 +83,6 @@ def proxy(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Script
         }
         with served(config, tmp_path) as proxy:
             yield proxy.process, proxy.url, up
-
-
-def accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_sigterm_drains_then_ends_what_is_left_and_exits_0(

@@ -6,12 +6,20 @@ import math
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import Chain, Plan, Summary
 from proxy.sessions.cache_usage import CacheFigures, CacheUsage
-from proxy.sessions.state import MAX_MEMORY, MAX_MEMORY_BYTES, Branch, Prepared, SessionState
+from proxy.sessions.state import (
+    MAX_MEMORY,
+    MAX_MEMORY_BYTES,
+    Branch,
+    ParsedStates,
+    Prepared,
+    SessionState,
+)
 from tests.conversations import conversations
 
 text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
@@ -204,3 +212,20 @@ def test_decisions_keep_the_latest() -> None:
     for i in range(80):
         state = state.with_decisions([{"layer": "summarize", "tokens_after": i}])
     assert [d["tokens_after"] for d in state.decisions] == list(range(30, 80))
+
+
+def test_a_record_read_again_is_not_parsed_again_while_its_bytes_are_the_same() -> None:
+    states = ParsedStates(size=2)
+    data = SessionState(calibration=1.5).to_bytes()
+    first = states.parse("a", data)
+    assert states.parse("a", bytes(bytearray(data))) is first  # equal bytes, another object
+    written = SessionState(calibration=2.0).to_bytes()
+    assert states.parse("a", written).calibration == 2.0  # another record: parsed
+    again = states.parse("a", written)
+    other = states.parse("b", data)
+    states.parse("a", written)  # the most recently read stays ...
+    states.parse("c", data)  # ... when the oldest goes
+    assert states.parse("a", written) is again
+    assert states.parse("b", data) is not other
+    with pytest.raises(ValueError):
+        states.parse("d", b"not a state")

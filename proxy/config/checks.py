@@ -163,9 +163,15 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         if getattr(config.listen, key) < 0:
             p(("listen", key), "must not be negative")
     try:
-        parse_store_url(config.store.url)
+        store = parse_store_url(config.store.url)
     except InvalidStoreURL as exc:
         p(("store", "url"), exc.problem)
+    else:
+        if config.listen.workers > 1 and store.kind == "memory":
+            problem = "more than one worker needs a session store the workers share (redis://"
+            p(("listen", "workers"), problem + "); memory:// keeps sessions inside one process")
+    if config.listen.workers < 1:
+        p(("listen", "workers"), "must be at least 1")
     if config.store.ttl_seconds <= 0:
         p(("store", "ttl_seconds"), "must be positive")
     if config.store.timeout_seconds <= 0:

@@ -46,6 +46,7 @@ class Listen:
     shutdown_grace_seconds: float = 30.0
     websockets: bool = True
     websocket_history_bytes: int = 8 * 1024 * 1024
+    workers: int = 1  # processes serving the one listener (proxy/server/workers.py)
 
 
 @dataclasses.dataclass(frozen=True)

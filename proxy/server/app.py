@@ -27,6 +27,7 @@ from proxy.models.limits import ModelLimits
 from proxy.models.tokens import configure_offline_encodings
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
+from proxy.observability.worker_metrics import Worker, WorkerMetrics
 from proxy.server.admin import Admin
 from proxy.server.count_endpoint import CountEndpoint
 from proxy.server.dashboard import dashboard_routes, turn_ledger
@@ -122,9 +123,11 @@ def create_app(
     client: UpstreamClient | None = None,
     metrics: Metrics | None = None,
     freeze_heap: bool = False,
+    worker: Worker | None = None,
 ) -> Starlette:
     """Build the app. Parts not given are made from the config and closed on shutdown.
-    `freeze_heap` is for the process that serves the app, not for one that builds many."""
+    `freeze_heap` is for the process that serves the app, not for one that builds many;
+    `worker` for one of several serving one listener (its /metrics shows them all)."""
     configure_offline_encodings()
     owns_store = store is None
     owns_client = client is None
@@ -141,6 +144,9 @@ def create_app(
         if upstream.kind != "litellm":
             client.pool(upstream)  # now: an https upstream's TLS settings take 20 ms to load
     proxy = Proxy(config, store, client, metrics)
+    siblings = WorkerMetrics(metrics, worker) if worker is not None else None
+    if siblings is not None:
+        proxy.probes.exposition = siblings.render
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -158,7 +164,11 @@ def create_app(
             # process: frozen, the garbage collector no longer walks it whenever requests
             # trigger a full collection (milliseconds a request on long histories).
             warming.add_done_callback(lambda _: gc.freeze())
+        if siblings is not None:
+            await siblings.start()
         yield
+        if siblings is not None:
+            await siblings.close()
         await warming
         await proxy.prepared.close()
         await proxy.prepared.hooks.close()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -20,6 +22,8 @@ class Probes:
         self.limits = limits
         self.gate = gate
         self.metrics = metrics
+        # What /metrics shows: this process's series, or every worker's (worker_metrics).
+        self.exposition: Callable[[], Awaitable[bytes]] = self._own
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -38,4 +42,7 @@ class Probes:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await self.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def _own(self) -> bytes:
+        return self.metrics.render()

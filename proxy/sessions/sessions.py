@@ -29,7 +29,7 @@ from proxy.errors import StoreUnavailable
 from proxy.observability.metrics import Metrics
 from proxy.sessions.activity import ActivityLedger
 from proxy.sessions.cache_usage import CacheLedger, CacheUsage
-from proxy.sessions.state import SessionState
+from proxy.sessions.state import ParsedStates, SessionState
 from proxy.sessions.store import SessionStore
 from proxy.sessions.turn_log import TurnLog
 
@@ -110,6 +110,7 @@ class Sessions:
         # None: the dashboard is off, no turn is kept.
         self.turns = None if turns is None else TurnLog(store, turns, self.cache, metrics)
         self._releasing: set[asyncio.Task[None]] = set()
+        self.states = ParsedStates()
 
     def failing_closed(self) -> Sessions:
         """The same sessions, for the admin API: a store failure is an error, not a default."""
@@ -136,7 +137,7 @@ class Sessions:
         if record is None:
             return Loaded(SessionState(), 0, "ok")
         try:
-            return Loaded(SessionState.from_bytes(record.data), record.version, "ok")
+            return Loaded(self.states.parse(key, record.data), record.version, "ok")
         except ValueError:
             log.warning("corrupt session state replaced", extra={"session": key[:12]})
             return Loaded(SessionState(), record.version, "ok")

@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     path = args.file if args.command == "check-config" else args.config
     listen = {}
     if args.command == "serve":
-        listen = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        given = (("host", args.host), ("port", args.port), ("workers", args.workers))
+        listen = {k: v for k, v in given if v is not None}
     try:
         # Command-line values go through the same checks as the file's (a new host can turn
         # a safe config into an open relay).
@@ -56,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="config file (default: the repository's config.yaml)")
     serve.add_argument("--host", help="listen address (overrides listen.host)")
     serve.add_argument("--port", type=int, help="listen port (overrides listen.port)")
+    serve.add_argument(
+        "--workers", type=int, help="processes serving the port (overrides listen.workers)"
+    )
     check = commands.add_parser("check-config", help="validate a config and print it resolved")
     check.add_argument("file", nargs="?", help="config file (default: config.yaml)")
     hash_key = commands.add_parser("hash-key", help="print the sha256 of an inbound key")
@@ -113,17 +117,9 @@ def _print_json(data: Any) -> None:
 
 
 def _serve(config: config_module.Config) -> int:
-    from proxy.observability.logs import configure
-    from proxy.server.app import create_app
-    from proxy.server.runner import Server, server_config
+    from proxy.server.workers import serve
 
-    configure(config.logging)
-    app = create_app(config, freeze_heap=True)
-    server = Server(
-        server_config(app, config), app.state.proxy.gate, config.listen, _startup(config)
-    )
-    server.run()
-    return 0
+    return serve(config, _startup(config))
 
 
 def _startup(config: config_module.Config) -> dict[str, Any]:
