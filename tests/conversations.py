@@ -239,9 +239,7 @@ def view_problems(messages: Sequence[Message], view: Sequence[Message]) -> list[
     # loop whose rounds the summary stands for (a user message kept verbatim).
     if headers and len([m for m in view[: headers[0]] if not outside_chain(m)]) > 1:
         problems.append("more than a task between the system messages and the header")
-    if headers and not all(
-        outside_chain(m) or m.get("role") == "user" for m in view[: headers[0]]
-    ):
+    if headers and not all(outside_chain(m) or m.get("role") == "user" for m in view[: headers[0]]):
         problems.append("the header is not right after the system messages (and the task)")
     # Matched from the end: identical messages (two empty user messages) then pair up with
     # the newest originals, which is where the current turn is.
