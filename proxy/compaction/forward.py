@@ -30,6 +30,7 @@ class Forward:
     # The tokens above are the counter's; the decision took the upstream's to be `ratio`
     # times them (calibration, or an exact count), and so do the headers.
     ratio: float = 1.0
+    retrieval: bool = False  # the body carries the retrieval tool, which the proxy answers
 
     @property
     def applied(self) -> str:

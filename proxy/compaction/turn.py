@@ -9,6 +9,7 @@ import policies
 from proxy.config import Policy, Upstream
 from proxy.dialects import CacheBreakpoints, Dialect, Entries, Parsed
 from proxy.models.limits import Limits
+from proxy.sessions.originals import ViewOriginals
 from proxy.sessions.sessions import Loaded, session_key
 from proxy.sessions.state import Branch
 
@@ -70,6 +71,8 @@ class Turn:
     branch: Branch | None
     # The upstream's count of a prompt over the counter's: the budget is scaled by it.
     ratio: float = 1.0
+    # The session's kept originals (None: its policy keeps none, or the store failed).
+    originals: ViewOriginals | None = None
 
     @property
     def plan(self) -> policies.Plan:

@@ -40,11 +40,12 @@ from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
 from proxy.server.relay import Relay, relayed, whole_response
+from proxy.server.retrieval_rounds import RetrievalRounds, Settled
 from proxy.server.tenants import Tenants
 from proxy.sessions.activity import Who
 from proxy.sessions.sessions import session_id
 from proxy.sessions.turns import TurnFigures
-from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded
+from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded, read_whole
 from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, relayable
 
 log = logging.getLogger("compaction_proxy")
@@ -68,6 +69,7 @@ class Handler:
         compactor: Compactor,
         metrics: Metrics,
         models: ModelLabels,
+        rounds: RetrievalRounds | None = None,
     ) -> None:
         self.dialect = dialect
         self.config = config
@@ -76,6 +78,7 @@ class Handler:
         self.compactor = compactor
         self.metrics = metrics
         self.models = models
+        self.rounds = rounds  # None: no policy has the retrieval tool
         # The upstream is asked for an identity body so that `usage` can be read on the way
         # while the bytes are relayed unchanged.
         self.drop_headers = own_headers | {"accept-encoding"}
@@ -161,6 +164,18 @@ class Handler:
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         if isinstance(payload, Unread):
             return self._pass_on(client_request, labels, forward, payload, overhead, idle)
+        if forward.retrieval and response.status == 200 and self.rounds is not None:
+
+            async def again(body: bytes) -> tuple[int, bytes]:
+                following = await send(dataclasses.replace(forward, body=body))
+                payload = await read_whole(following, idle, upstream.max_answer_bytes)
+                following.release()
+                return following.status, payload
+
+            settled = await self.rounds.settle(client_request, forward.body, payload, again)
+            return self._finish(
+                client_request, labels, forward, response, settled.payload, overhead, settled
+            )
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
     def client_request(
@@ -230,12 +245,20 @@ class Handler:
         response: UpstreamResponse,
         payload: bytes,
         overhead: float,
+        settled: Settled | None = None,
     ) -> Response:
+        """The whole answer; with `settled`, after the proxy's own tool calls in it were
+        answered (calibrated by the first upstream answer: the one to the forwarded body)."""
         response.release()
+        status = response.status if settled is None else settled.status
         if response.status == 200:
-            self._calibrate(request, labels, forward, self.dialect.usage(payload))
-        self._count(request, labels, forward, response.status)
-        return whole_response(payload, response.status, self._headers(forward, response, overhead))
+            first = payload if settled is None else settled.first
+            self._calibrate(request, labels, forward, self.dialect.usage(first))
+        self._count(request, labels, forward, status)
+        headers = self._headers(forward, response, overhead)
+        if settled is not None:
+            headers.append(("x-compaction-retrievals", str(settled.retrievals)))
+        return whole_response(payload, status, headers)
 
     async def _stream_head(
         self,

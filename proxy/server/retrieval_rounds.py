@@ -1,0 +1,120 @@
+"""Hidden rounds: an answer that calls only the proxy's retrieval tool is answered by the proxy
+itself, the conversation continued upstream, and the next answer taken instead, at most the
+policy's `max_rounds` times per request. The client gets the last answer, with the usage of
+every upstream call added up, and never a call of the proxy's tool:
+
+- called beside client tools, the proxy's calls are taken out of the answer (the client gets
+  its own calls, each of which it can answer; the model may ask again on the next turn);
+- still called after `max_rounds`, they are taken out too, and an answer left empty says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from policies.retrieval import excerpt
+from proxy.compaction.kept_originals import KeptOriginals
+from proxy.compaction.turn import ClientRequest
+from proxy.config import Retrieval
+from proxy.dialects.retrieval import TOOL_CALLS, Call
+from proxy.errors import StoreUnavailable
+from proxy.observability.retrieval_metrics import RetrievalMetrics
+
+# The continued request's body -> the upstream's status and whole answer.
+Send = Callable[[bytes], Awaitable[tuple[int, bytes]]]
+
+INVALID = 'invalid arguments: give {"handle": "..."}, optionally start_line and end_line'
+LIMIT_NOTE = "[the conversation's kept tool outputs could not be read further in this turn]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """The answer the client gets, its status, and what the proxy's tool did for it."""
+
+    status: int
+    payload: bytes
+    first: bytes  # the first upstream answer (its usage is that of the forwarded request)
+    rounds: int = 0
+    retrievals: int = 0
+
+
+class RetrievalRounds:
+    def __init__(self, kept: KeptOriginals, metrics: RetrievalMetrics) -> None:
+        self.kept = kept
+        self.metrics = metrics
+
+    async def settle(
+        self, request: ClientRequest, body: bytes, payload: bytes, send: Send
+    ) -> Settled:
+        """`payload`, the upstream's answer to `body`, with the proxy's own calls answered."""
+        settings = request.policy.retrieval
+        calls = TOOL_CALLS[request.dialect.name]
+        answer = _json(payload)
+        if answer is None:
+            return Settled(200, payload, payload)
+        first, usages, rounds, retrievals = payload, [answer.get("usage")], 0, 0
+        sent = orjson.loads(body)
+        while True:
+            made = calls.calls(answer)
+            ours = [c for c in made if c.name == settings.tool_name]
+            if not ours:
+                break
+            if len(ours) < len(made) or rounds >= settings.max_rounds:
+                self.metrics.mixed.labels(request.dialect.name).inc(len(ours))
+                answer = calls.without_calls(answer, settings.tool_name, LIMIT_NOTE)
+                break
+            results = [(call, await self._result(request, settings, call)) for call in ours]
+            retrievals += len(results)
+            sent = calls.continued(sent, answer, results)
+            rounds += 1
+            self.metrics.rounds.labels(request.dialect.name).inc()
+            status, payload = await send(orjson.dumps(sent))
+            following = _json(payload) if status == 200 else None
+            if following is None:  # the upstream's error (or odd answer), as it came
+                return Settled(status, payload, first, rounds, retrievals)
+            answer = following
+            usages.append(answer.get("usage"))
+        if rounds == 0 and not ours:
+            return Settled(200, payload, first)  # nothing of the proxy's: the bytes as they came
+        answer = calls.with_usage(answer, usages)
+        return Settled(200, orjson.dumps(answer), first, rounds, retrievals)
+
+    async def _result(self, request: ClientRequest, settings: Retrieval, call: Call) -> str:
+        """The tool's result for one call: the original (or its lines), else why not."""
+        try:
+            arguments = orjson.loads(call.arguments or b"{}")
+            handle = arguments["handle"]
+            start, end = arguments.get("start_line"), arguments.get("end_line")
+            if not isinstance(handle, str) or not all(
+                v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (start, end)
+            ):
+                raise TypeError
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            self.metrics.retrievals.labels("invalid").inc()
+            return (
+                'invalid arguments: give {"handle": "<handle>"}, optionally start_line and end_line'
+            )
+        try:
+            data = await self.kept.read(request.key, handle)
+        except StoreUnavailable:
+            self.metrics.retrievals.labels("unavailable").inc()
+            return "the kept outputs cannot be read now (the store failed); go on without it"
+        if data is None:
+            self.metrics.retrievals.labels("unknown").inc()
+            return f"no output is kept under handle {handle[:40]!r} in this conversation (any more)"
+        text = excerpt(data.decode(), start, end, settings.max_result_chars)
+        self.metrics.retrievals.labels("served").inc()
+        self.metrics.bytes_served.inc(len(text.encode()))
+        return text
+
+
+def _json(payload: bytes) -> dict[str, Any] | None:
+    try:
+        answer = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return answer if isinstance(answer, dict) else None

@@ -1,0 +1,133 @@
+"""The retrieval tool: elided tool outputs kept with the session under a handle derived from
+their content, a tool the proxy adds once something was elided and answers itself, the client
+given only the final answer with the usage of every upstream call added up."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tests.fakes.base import Scripted
+from tests.harness import Harness, harness
+from tests.test_replayed_plans import tool_round
+
+TOOL = "compaction_retrieve"
+HANDLE = re.compile(r"handle=(o[0-9a-f]{16})")
+ASK = "What exactly was in f0.py?"
+CLEARING = {"layers": [{"clear_tool_results": {"keep_last": 1}}]}
+RETRIEVING = {**CLEARING, "retrieval": {"enabled": True}}
+
+
+def handles(messages: list[dict[str, Any]]) -> list[str]:
+    return [h for m in messages if m["role"] == "tool" for h in HANDLE.findall(str(m["content"]))]
+
+
+def chat_model(_headers: Mapping[str, str], body: dict[str, Any]) -> Scripted | None:
+    """A model that reads back the first elided output when asked about f0, then answers
+    with the length of what it was given."""
+    *_, asked, last = body["messages"]
+    names = [c["function"]["name"] for c in asked.get("tool_calls") or []]
+    if last["role"] == "tool" and names == [TOOL]:
+        return Scripted(text=f"READ {len(last['content'])} chars")
+    if last["role"] == "user" and last["content"] == ASK:
+        found = handles(body["messages"])
+        return Scripted(tool=TOOL, arguments={"handle": found[0] if found else "o" + "0" * 16})
+    return None
+
+
+def rounds(turns: int, owner: str = "") -> list[dict[str, Any]]:
+    """Rounds of file reads, the outputs' text told apart by `owner`."""
+    messages = []
+    for turn in range(turns):
+        user, call, output, answer = tool_round(turn, 150)
+        messages += [user, call, {**output, "content": owner + output["content"]}, answer]
+    return messages
+
+
+def compacted(h: Harness, session: str = "s1", owner: str = "", **kwargs: Any) -> Any:
+    chat = h.conversation(session, **kwargs)
+    chat.messages = [{"role": "system", "content": "You read files."}, *rounds(6, owner)]
+    assert chat.say("Go on.")["x-compaction-action"].endswith("compacted")
+    return chat
+
+
+def original(turn: int, owner: str = "") -> str:
+    return str(rounds(turn + 1, owner)[-2]["content"])
+
+
+def test_the_model_reads_an_elided_output_back_and_the_client_gets_only_the_answer() -> None:
+    with harness(policies={"default": RETRIEVING}) as h:
+        h.up.script = chat_model
+        chat = compacted(h)
+        view = h.forwarded()[-1]
+        found = handles(view)
+        assert found and len(found) == len(set(found))
+        tools = h.up.requests[-1].json["tools"]
+        assert [t["function"]["name"] for t in tools] == [TOOL]
+
+        before = len(h.up.requests)
+        headers = chat.say(ASK)
+        assert headers["x-compaction-retrievals"] == "1"
+        assert chat.messages[-1]["content"] == f"READ {len(original(0))} chars"
+        hidden, final = h.up.requests[before:]
+        # The proxy's result is the exact original, answering the model's call.
+        call = hidden.json  # the request the model answered with a call
+        result = final.json["messages"][-1]
+        assert result["role"] == "tool" and result["content"] == original(0)
+        assert final.json["messages"][:-2] == call["messages"]
+        assert final.json["tools"] == call["tools"] == tools
+        # Usage: both upstream calls added up.
+        first, second = h.up.answered[-2:]
+        assert chat.usage[-1] == first.usage["prompt_tokens"] + second.usage["prompt_tokens"]
+
+        # The tool list stays byte for byte on every later turn.
+        chat.say("Thanks.")
+        assert h.up.requests[-1].json["tools"] == tools
+        assert h.metric("compaction_proxy_retrievals_total", outcome="served") == 1
+
+
+def test_a_handle_is_the_same_on_every_turn_and_replica_and_served_by_each() -> None:
+    with harness(replicas=2, policies={"default": RETRIEVING}) as h:
+        h.up.script = chat_model
+        chat = compacted(h)
+        first = handles(h.forwarded()[-1])
+        other = h.conversation("s1", server=1)
+        other.messages = list(chat.messages)
+        assert other.say(ASK)["x-compaction-retrievals"] == "1"
+        assert other.messages[-1]["content"] == f"READ {len(original(0))} chars"
+        assert handles(h.forwarded()[-2])[: len(first)] == first
+
+
+def test_a_foreign_handle_reveals_nothing() -> None:
+    with harness(policies={"default": RETRIEVING}) as h:
+        h.up.script = chat_model
+        chat = compacted(h)
+        stolen = handles(h.forwarded()[-1])[0]
+
+        def thief(headers: Mapping[str, str], body: dict[str, Any]) -> Scripted | None:
+            if body["messages"][-1]["content"] == ASK:
+                return Scripted(tool=TOOL, arguments={"handle": stolen})
+            return chat_model(headers, body)
+
+        h.up.script = thief
+        stranger = compacted(h, owner="theirs: ", api_key="sk-someone-else")
+        stranger.say(ASK)
+        result = h.up.requests[-1].json["messages"][-1]
+        assert result["role"] == "tool" and "no output is kept" in result["content"]
+        assert original(0) not in str(h.up.requests[-1].json)
+        assert h.metric("compaction_proxy_retrievals_total", outcome="unknown") == 1
+        assert chat.key != stranger.key
+
+
+@pytest.mark.parametrize(("policy", "kept"), [(CLEARING, 0), ({**RETRIEVING, "shadow": True}, 5)])
+def test_no_handle_and_no_tool_without_retrieval_or_under_shadow(policy: dict, kept: int) -> None:
+    with harness(policies={"default": policy}) as h:
+        chat = compacted(h)
+        body = h.up.requests[-1].json
+        assert not handles(body["messages"]) and "tools" not in body
+        # Shadow mode keeps the originals all the same; without retrieval nothing is kept.
+        key = f"{h.config.store.key_prefix}:{{{chat.key}}}:orig:order"
+        assert h.redis.llen(key) == kept
