@@ -1,0 +1,176 @@
+"""The retrieval tool in the Responses API and Anthropic Messages, through the real SDKs: the
+upstream's model reads an elided output back through the proxy's tool, and the client gets
+only the final answer, valid, with the usage of both upstream calls added up."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import config_for
+from tests.fakes.anthropic import FakeAnthropic
+from tests.fakes.base import Scripted
+from tests.fakes.openai import FakeUpstream
+from tests.servers import ServerThread, proxy_server
+
+TOOL = "compaction_retrieve"
+HANDLE = re.compile(r"handle=(o[0-9a-f]{16})")
+ASK = "What exactly was in f0.py?"
+MODEL, CLAUDE = "gpt-4", "claude-small"
+POLICY = {
+    "layers": [{"clear_tool_results": {"keep_last": 1}}],
+    "retrieval": {"enabled": True},
+    "cache_breakpoints": False,
+}
+MODELS = [{"match": MODEL, "context_window": 4096}, {"match": CLAUDE, "context_window": 2048}]
+
+
+def output(turn: int) -> str:
+    return f"contents of f{turn}.py: " + "x = 1\n" * 150
+
+
+def answered_text(text: str) -> str:
+    return f"READ {len(text)} chars"
+
+
+# -- Responses ---------------------------------------------------------------------------------
+
+
+def responses_history() -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for turn in range(6):
+        arguments = json.dumps({"path": f"f{turn}.py"})
+        items += [
+            {"role": "user", "content": f"Read file {turn}."},
+            {"type": "function_call", "call_id": f"c{turn}", "name": "read", "arguments": arguments},
+            {"type": "function_call_output", "call_id": f"c{turn}", "output": output(turn)},
+            {"role": "assistant", "content": f"File {turn} read."},
+        ]
+    return [*items, {"role": "user", "content": ASK}]
+
+
+def responses_model(_headers: Mapping[str, str], body: dict[str, Any]) -> Scripted | None:
+    items = body["input"]
+    last = items[-1]
+    calls = {i["call_id"]: i["name"] for i in items if i.get("type") == "function_call"}
+    if last.get("type") == "function_call_output" and calls.get(last["call_id"]) == TOOL:
+        return Scripted(text=answered_text(last["output"]))
+    if last.get("content") == ASK:
+        outputs = [str(i["output"]) for i in items if i.get("type") == "function_call_output"]
+        found = [h for text in outputs for h in HANDLE.findall(text)]
+        return Scripted(tool=TOOL, arguments={"handle": found[0]})
+    return None
+
+
+@pytest.fixture(scope="module")
+def openai_proxy() -> Iterator[tuple[FakeUpstream, ServerThread]]:
+    with FakeUpstream(windows={MODEL: 8192}) as up:
+        config = config_for(up, policies={"default": POLICY}, models=MODELS)
+        with proxy_server(config) as server:
+            yield up, server
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses(openai_proxy: tuple[FakeUpstream, ServerThread], stream: bool) -> None:
+    up, server = openai_proxy
+    up.reset()
+    up.script = responses_model
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
+    with client:
+        session = {"X-Session-Id": f"responses-{stream}"}
+        kwargs = {"model": MODEL, "input": responses_history(), "extra_headers": session}
+        if stream:
+            with client.responses.stream(**kwargs) as events:
+                answer = events.get_final_response()
+        else:
+            answer = client.responses.create(**kwargs)
+    assert answer.output_text == answered_text(output(0))
+    assert [item.type for item in answer.output] == ["message"]
+    bodies = [r.json for r in up.requests if r.path == "/v1/responses"]
+    hidden, final = bodies[-2:]
+    assert final["input"][-1] == {
+        "type": "function_call_output",
+        "call_id": final["input"][-2]["call_id"],
+        "output": output(0),
+    }
+    assert hidden["tools"] == final["tools"] and hidden["tools"][-1]["name"] == TOOL
+    first, second = up.answered[-2:]
+    assert answer.usage is not None
+    assert answer.usage.input_tokens == first.usage["input_tokens"] + second.usage["input_tokens"]
+
+
+# -- Messages ----------------------------------------------------------------------------------
+
+
+def messages_history() -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for turn in range(6):
+        use = {"type": "tool_use", "id": f"toolu_{turn}", "name": "read", "input": {"n": turn}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": output(turn)}
+        messages += [
+            {"role": "user", "content": f"Read file {turn}."},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+            {"role": "assistant", "content": f"File {turn} read."},
+        ]
+    return [*messages, {"role": "user", "content": ASK}]
+
+
+def messages_model(_headers: Mapping[str, str], body: dict[str, Any]) -> Scripted | None:
+    *_, asked, last = body["messages"]
+    uses = [b for b in asked["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+    if uses and uses[0]["name"] == TOOL:
+        return Scripted(text=answered_text(last["content"][0]["content"]))
+    if last["content"] == ASK:
+        found = HANDLE.findall(json.dumps(body["messages"]))
+        return Scripted(tool=TOOL, arguments={"handle": found[0]})
+    return None
+
+
+@pytest.fixture(scope="module")
+def anthropic_proxy() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
+    with FakeAnthropic(windows={CLAUDE: 8192}) as up:
+        config = config_for(
+            up,
+            upstreams={"fake": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
+            policies={"default": POLICY},
+            models=MODELS,
+        )
+        with proxy_server(config) as server:
+            yield up, server
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages(anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: bool) -> None:
+    up, server = anthropic_proxy
+    up.reset()
+    up.script = messages_model
+    client = anthropic.Anthropic(base_url=server.url, api_key="sk-ant-test", max_retries=0)
+    with client:
+        kwargs: dict[str, Any] = {
+            "model": CLAUDE,
+            "max_tokens": 200,
+            "messages": messages_history(),
+            "extra_headers": {"X-Session-Id": f"messages-{stream}"},
+        }
+        if stream:
+            with client.messages.stream(**kwargs) as events:
+                answer = events.get_final_message()
+        else:
+            answer = client.messages.create(**kwargs)
+    assert [block.type for block in answer.content] == ["text"]
+    assert answer.content[0].text == answered_text(output(0))  # type: ignore[union-attr]
+    bodies = [r.json for r in up.requests if r.path == "/v1/messages"]
+    hidden, final = bodies[-2:]
+    result = final["messages"][-1]["content"][0]
+    assert result["type"] == "tool_result" and result["content"] == output(0)
+    assert hidden["tools"] == final["tools"] and hidden["tools"][-1]["name"] == TOOL
+    first, second = up.answered[-2:]
+    assert answer.usage.input_tokens == first.usage["input_tokens"] + second.usage["input_tokens"]
+    assert answer.usage.output_tokens == first.usage["output_tokens"] + second.usage["output_tokens"]
