@@ -11,7 +11,7 @@ every upstream call added up, and never a call of the proxy's tool:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from proxy.compaction.kept_originals import KeptOriginals
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Retrieval
 from proxy.dialects.retrieval import TOOL_CALLS, Call
+from proxy.dialects.sse import EventStream
 from proxy.errors import StoreUnavailable
 from proxy.observability.retrieval_metrics import RetrievalMetrics
 
@@ -29,6 +30,16 @@ Send = Callable[[bytes], Awaitable[tuple[int, bytes]]]
 
 INVALID = 'invalid arguments: give {"handle": "..."}, optionally start_line and end_line'
 LIMIT_NOTE = "[the conversation's kept tool outputs could not be read further in this turn]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A streamed answer read until it showed whether it calls the proxy's tool: the bytes
+    held, which go out first before the rest of the stream; or, when it called the tool, the
+    client's answer settled (its events written whole)."""
+
+    head: bytes
+    settled: Settled | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +94,36 @@ class RetrievalRounds:
         answer = calls.with_usage(answer, usages)
         return Settled(200, orjson.dumps(answer), first, rounds, retrievals)
 
+    async def hold(
+        self, request: ClientRequest, body: bytes, chunks: AsyncIterator[bytes], send: Send
+    ) -> Held:
+        """Read a streamed answer to `body` only as far as its first tool call (all of it when
+        it has none): another's goes on as it came, byte for byte; the proxy's own is read to
+        its end, answered as a whole answer is (`settle`, the hidden rounds not streamed), and
+        the client's answer written as the API's events."""
+        settings = request.policy.retrieval
+        calls = TOOL_CALLS[request.dialect.name]
+        reader, events, held = calls.stream(), EventStream(), bytearray()
+        while (chunk := await anext(chunks, b"")) != b"":
+            held += chunk
+            for data in events.feed(chunk):
+                event = _json(data)
+                if event is not None:
+                    reader.feed(event)
+            if reader.first_call not in (None, settings.tool_name):
+                return Held(bytes(held))
+        if reader.first_call is None:
+            return Held(bytes(held))
+        whole = {**orjson.loads(body), "stream": False}
+        whole.pop("stream_options", None)
+        answer = orjson.dumps(reader.answer())
+        settled = await self.settle(request, orjson.dumps(whole), answer, send)
+        if settled.status != 200:
+            return Held(b"", settled)
+        wants_usage = request.dialect.wants_usage(request.parsed)
+        written = calls.events(orjson.loads(settled.payload), wants_usage)
+        return Held(b"", dataclasses.replace(settled, payload=written))
+
     async def _result(self, request: ClientRequest, settings: Retrieval, call: Call) -> str:
         """The tool's result for one call: the original (or its lines), else why not."""
         try:
@@ -113,6 +154,8 @@ class RetrievalRounds:
 
 
 def _json(payload: bytes) -> dict[str, Any] | None:
+    if payload.startswith(b"[DONE]"):
+        return None
     try:
         answer = orjson.loads(payload)
     except orjson.JSONDecodeError:

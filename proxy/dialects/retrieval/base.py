@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects.retrieval.streams import StreamAnswer
 from proxy.errors import InvalidRequest
 
 # The tool's arguments, the same in every API.
@@ -63,6 +64,14 @@ class ToolCalls(ABC):
                 param=self.tools_key,
             )
         return orjson.dumps({**data, self.tools_key: [*tools, tool]})
+
+    @abstractmethod
+    def stream(self) -> StreamAnswer:
+        """A streamed answer's reader."""
+
+    @abstractmethod
+    def events(self, answer: dict[str, Any], with_usage: bool) -> bytes:
+        """The answer as the API streams one (its usage only `with_usage` where optional)."""
 
     @abstractmethod
     def calls(self, answer: dict[str, Any]) -> list[Call]:

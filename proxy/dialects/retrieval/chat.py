@@ -6,12 +6,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls
+from proxy.dialects.retrieval.streams import ChatStream, StreamAnswer, chat_events
 
 
 class ChatCalls(ToolCalls):
     def tool(self, name: str, description: str) -> dict[str, Any]:
         function = {"name": name, "description": description, "parameters": PARAMETERS}
         return {"type": "function", "function": function}
+
+    def stream(self) -> StreamAnswer:
+        return ChatStream()
+
+    def events(self, answer: dict[str, Any], with_usage: bool) -> bytes:
+        return chat_events(answer, with_usage)
 
     def calls(self, answer: dict[str, Any]) -> list[Call]:
         message = _message(answer)

@@ -10,11 +10,18 @@ from typing import Any
 import orjson
 
 from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls
+from proxy.dialects.retrieval.streams import MessagesStream, StreamAnswer, messages_events
 
 
 class MessagesCalls(ToolCalls):
     def tool(self, name: str, description: str) -> dict[str, Any]:
         return {"name": name, "description": description, "input_schema": PARAMETERS}
+
+    def stream(self) -> StreamAnswer:
+        return MessagesStream()
+
+    def events(self, answer: dict[str, Any], with_usage: bool) -> bytes:
+        return messages_events(answer)
 
     def calls(self, answer: dict[str, Any]) -> list[Call]:
         return [

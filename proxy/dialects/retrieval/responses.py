@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls
+from proxy.dialects.retrieval.streams import ResponsesStream, StreamAnswer, responses_events
 
 
 class ResponsesCalls(ToolCalls):
@@ -18,6 +19,12 @@ class ResponsesCalls(ToolCalls):
             "parameters": PARAMETERS,
             "strict": False,
         }
+
+    def stream(self) -> StreamAnswer:
+        return ResponsesStream()
+
+    def events(self, answer: dict[str, Any], with_usage: bool) -> bytes:
+        return responses_events(answer)
 
     def calls(self, answer: dict[str, Any]) -> list[Call]:
         return [
