@@ -45,10 +45,10 @@ def answered_text(text: str) -> str:
 def responses_history() -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for turn in range(6):
-        arguments = json.dumps({"path": f"f{turn}.py"})
+        call = {"type": "function_call", "call_id": f"c{turn}", "name": "read"}
         items += [
             {"role": "user", "content": f"Read file {turn}."},
-            {"type": "function_call", "call_id": f"c{turn}", "name": "read", "arguments": arguments},
+            {**call, "arguments": json.dumps({"path": f"f{turn}.py"})},
             {"type": "function_call_output", "call_id": f"c{turn}", "output": output(turn)},
             {"role": "assistant", "content": f"File {turn} read."},
         ]
@@ -171,6 +171,6 @@ def test_messages(anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: b
     result = final["messages"][-1]["content"][0]
     assert result["type"] == "tool_result" and result["content"] == output(0)
     assert hidden["tools"] == final["tools"] and hidden["tools"][-1]["name"] == TOOL
-    first, second = up.answered[-2:]
-    assert answer.usage.input_tokens == first.usage["input_tokens"] + second.usage["input_tokens"]
-    assert answer.usage.output_tokens == first.usage["output_tokens"] + second.usage["output_tokens"]
+    first, second = (a.usage for a in up.answered[-2:])
+    assert answer.usage.input_tokens == first["input_tokens"] + second["input_tokens"]
+    assert answer.usage.output_tokens == first["output_tokens"] + second["output_tokens"]
