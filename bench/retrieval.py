@@ -23,10 +23,10 @@ import tiktoken
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.config import Retrieval  # noqa: E402
-from proxy.dialects.retrieval import TOOL_CALLS  # noqa: E402
-from tests.fakes.base import Scripted  # noqa: E402
-from tests.harness import harness  # noqa: E402
+from proxy.config import Retrieval
+from proxy.dialects.retrieval import TOOL_CALLS
+from tests.fakes.base import Scripted
+from tests.harness import harness
 
 TOOL = Retrieval().tool_name
 STEPS, PAIRS = 30, 21
@@ -98,12 +98,8 @@ def main() -> None:
             h.redis.memory_usage(k) or 0 for k in (prefix, f"{prefix}:order", f"{prefix}:gone")
         )
         originals = sum(len(build_log(s).encode()) for s in range(STEPS))
-        print(
-            f"agent loop: {STEPS} steps, {carrying} requests carried the tool; originals kept: {kept}"
-        )
-        print(
-            f"Redis bytes of the session's kept originals: {stored} (its tool outputs: {originals} bytes)"
-        )
+        print(f"agent loop: {STEPS} steps, {carrying} requests carried the tool; kept: {kept}")
+        print(f"Redis bytes of the session's kept originals: {stored} (outputs: {originals} bytes)")
 
         timings: dict[str, list[float]] = {"direct": [], "round": []}
         for i in range(PAIRS):
@@ -118,10 +114,8 @@ def main() -> None:
                     "1" if kind == "round" else "0"
                 )
         direct, rounded = (statistics.median(timings[k]) * 1000 for k in ("direct", "round"))
-        print(
-            f"median of {PAIRS}, interleaved: direct {direct:.1f} ms, with one round {rounded:.1f} ms, "
-            f"extra {rounded - direct:.1f} ms"
-        )
+        print(f"median of {PAIRS}, interleaved: direct {direct:.1f} ms, one round {rounded:.1f} ms")
+        print(f"extra latency of one round: {rounded - direct:.1f} ms")
     with open("/proc/loadavg") as load:
         print("load average:", " ".join(load.read().split()[:3]))
 
