@@ -8,8 +8,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import pytest
 
+from proxy.server.retrieval_rounds import LIMIT_NOTE
 from tests.fakes.base import Scripted
 from tests.harness import Harness, harness
 from tests.test_replayed_plans import tool_round
@@ -131,3 +133,62 @@ def test_no_handle_and_no_tool_without_retrieval_or_under_shadow(policy: dict, k
         # Shadow mode keeps the originals all the same; without retrieval nothing is kept.
         key = f"{h.config.store.key_prefix}:{{{chat.key}}}:orig:order"
         assert h.redis.llen(key) == kept
+
+
+def test_the_originals_are_read_by_the_admin_api_and_by_their_own_client_only() -> None:
+    with harness(policies={"default": RETRIEVING}) as h:
+        chat = compacted(h)
+        handle = handles(h.forwarded()[-1])[0]
+        admin = h.admin("GET", f"/admin/sessions/{chat.key}/originals/{handle}")
+        assert admin.status_code == 200 and admin.text == original(0)
+        own = {"authorization": "Bearer sk-test", "x-session-id": "s1"}
+        path = f"{h.url}/v1/compaction/originals/{handle}"
+        assert httpx.get(path, headers=own).text == original(0)
+        for other in ({**own, "authorization": "Bearer sk-else"}, {**own, "x-session-id": "s2"}):
+            refused = httpx.get(path, headers=other)
+            assert refused.status_code == 404 and original(0) not in refused.text
+        assert httpx.get(path, headers={"authorization": "Bearer sk-test"}).status_code == 400
+
+
+def test_calls_past_max_rounds_never_reach_the_client() -> None:
+    policy = {**RETRIEVING, "retrieval": {"enabled": True, "max_rounds": 1}}
+    with harness(policies={"default": policy}) as h:
+        chat = compacted(h)
+        handle = handles(h.forwarded()[-1])[0]
+
+        def greedy(_headers: Mapping[str, str], body: dict[str, Any]) -> Scripted | None:
+            return Scripted(tool=TOOL, arguments={"handle": handle})
+
+        h.up.script = greedy  # calls the proxy's tool again and again
+        before = len(h.up.requests)
+        chat.say("Once more.")
+        assert len(h.up.requests) - before == 2  # the request and one hidden round
+        assert chat.messages[-1]["content"] == LIMIT_NOTE
+
+
+def test_a_streamed_chat_answer_after_a_hidden_round_is_valid_with_the_usage_summed() -> None:
+    with harness(policies={"default": RETRIEVING}) as h:
+        h.up.script = chat_model
+        chat = compacted(h)
+        stream = h.openai().chat.completions.create(
+            model=chat.model,
+            messages=[*chat.messages, {"role": "user", "content": ASK}],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Session-Id": "s1"},
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == f"READ {len(original(0))} chars"
+        first, second = h.up.answered[-2:]
+        usage = chunks[-1].usage
+        assert usage is not None
+        assert usage.prompt_tokens == first.usage["prompt_tokens"] + second.usage["prompt_tokens"]
+        # Not a call of the proxy's tool: relayed as it comes.
+        plain = h.openai().chat.completions.create(
+            model=chat.model,
+            messages=[*chat.messages, {"role": "user", "content": "Hi."}],
+            stream=True,
+            extra_headers={"X-Session-Id": "s1"},
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in plain if c.choices)

@@ -13,6 +13,7 @@ import anthropic
 import openai
 import pytest
 
+from proxy.dialects.retrieval import TOOL_CALLS
 from tests.conftest import config_for
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.base import Scripted
@@ -174,3 +175,43 @@ def test_messages(anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: b
     first, second = (a.usage for a in up.answered[-2:])
     assert answer.usage.input_tokens == first["input_tokens"] + second["input_tokens"]
     assert answer.usage.output_tokens == first["output_tokens"] + second["output_tokens"]
+
+
+def mixed_answer(dialect: str) -> dict[str, Any]:
+    """An answer that calls the proxy's tool and a client's `read`, in each API's shape."""
+    if dialect == "chat":
+        calls = [
+            {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": "{}"}}
+            for i, n in enumerate((TOOL, "read"))
+        ]
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    if dialect == "responses":
+        reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+        return {
+            "output": [
+                reasoning,
+                *(
+                    {"type": "function_call", "call_id": f"c{i}", "name": n, "arguments": "{}"}
+                    for i, n in enumerate((TOOL, "read"))
+                ),
+            ]
+        }
+    thinking = {"type": "thinking", "thinking": "t", "signature": "s"}
+    uses = [
+        {"type": "tool_use", "id": f"c{i}", "name": n, "input": {}}
+        for i, n in enumerate((TOOL, "read"))
+    ]
+    return {"content": [thinking, *uses], "stop_reason": "tool_use"}
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_the_proxys_calls_are_taken_out_beside_the_clients(dialect: str) -> None:
+    calls = TOOL_CALLS[dialect]
+    answer = mixed_answer(dialect)
+    assert [c.name for c in calls.calls(answer)] == [TOOL, "read"]
+    kept = calls.without_calls(answer, TOOL, "note")
+    assert [c.name for c in calls.calls(kept)] == ["read"]
+    assert "note" not in json.dumps(kept)
+    alone = calls.without_calls(kept, "read", "note")  # nothing but the proxy's: the note
+    assert calls.calls(alone) == [] and "note" in json.dumps(alone)

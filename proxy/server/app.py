@@ -36,6 +36,7 @@ from proxy.server.disconnects import Endpoint, WatchedEndpoint
 from proxy.server.gate import Gate
 from proxy.server.guard import OPENAI, guarded
 from proxy.server.handler import Handler
+from proxy.server.originals_api import OriginalsAPI
 from proxy.server.passthrough import Passthrough, not_found
 from proxy.server.probes import Probes
 from proxy.server.provider_compaction import COMPACT_PATH, ProviderCompaction
@@ -213,6 +214,7 @@ def create_app(
             for h in proxy.handlers
             if isinstance(d := h.dialect, TokenCounting)
         ),
+        *([] if proxy.kept is None else OriginalsAPI(proxy.kept, proxy.tenants, config).routes()),
         route("/v1/{path:path}", proxy.passthrough, ANY),
         Route("/healthz", probes.healthz, methods=["GET"]),
         Route("/readyz", probes.readyz, methods=["GET"]),
