@@ -99,6 +99,10 @@ def main() -> None:
         )
         originals = sum(len(build_log(s).encode()) for s in range(STEPS))
         print(f"agent loop: {STEPS} steps, {carrying} requests carried the tool; kept: {kept}")
+        encoding = tiktoken.get_encoding("o200k_base")
+        each = statistics.mean(len(encoding.encode(build_log(s))) for s in range(STEPS))
+        cost = carrying * tool_tokens()["chat"]
+        print(f"the tool's tokens over the loop: {cost}; one kept output: {each:.0f} tokens")
         print(f"Redis bytes of the session's kept originals: {stored} (outputs: {originals} bytes)")
 
         timings: dict[str, list[float]] = {"direct": [], "round": []}
