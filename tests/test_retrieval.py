@@ -85,9 +85,14 @@ def test_the_model_reads_an_elided_output_back_and_the_client_gets_only_the_answ
         first, second = h.up.answered[-2:]
         assert chat.usage[-1] == first.usage["prompt_tokens"] + second.usage["prompt_tokens"]
 
-        # The tool list stays byte for byte on every later turn.
+        # The tool list stays byte for byte on every later turn, and the hidden round is put
+        # back in its place: the next request goes on from the hidden round's.
         chat.say("Thanks.")
-        assert h.up.requests[-1].json["tools"] == tools
+        after = h.up.requests[-1].json
+        assert after["tools"] == tools
+        hidden_round = len(final.json["messages"])
+        assert after["messages"][:hidden_round] == final.json["messages"]
+        assert after["messages"][hidden_round]["content"] == chat.messages[-3]["content"]
         assert h.metric("compaction_proxy_retrievals_total", outcome="served") == 1
 
 

@@ -105,6 +105,14 @@ def test_responses(openai_proxy: tuple[FakeUpstream, ServerThread], stream: bool
     assert answer.usage is not None
     assert answer.usage.input_tokens == first.usage["input_tokens"] + second.usage["input_tokens"]
 
+    # The next request, with the answer as the client holds it, has the hidden round back.
+    said = [item.model_dump(exclude_none=True) for item in answer.output]
+    again = [*responses_history(), *said, {"role": "user", "content": "Thanks."}]
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        client.responses.create(model=MODEL, input=again, extra_headers=session)
+    forwarded = up.requests[-1].json["input"]
+    assert forwarded[: len(final["input"])] == final["input"]
+
 
 # -- Messages ----------------------------------------------------------------------------------
 
@@ -175,6 +183,20 @@ def test_messages(anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: b
     first, second = (a.usage for a in up.answered[-2:])
     assert answer.usage.input_tokens == first["input_tokens"] + second["input_tokens"]
     assert answer.usage.output_tokens == first["output_tokens"] + second["output_tokens"]
+
+    # The next request, with the answer as the client holds it, has the hidden round back.
+    said = {"role": "assistant", "content": [block.model_dump() for block in answer.content]}
+    kwargs["messages"] = [*messages_history(), said, {"role": "user", "content": "Thanks."}]
+    with anthropic.Anthropic(base_url=server.url, api_key="sk-ant-test", max_retries=0) as again:
+        again.messages.create(**kwargs)
+    forwarded = messages_sent_last(up)["messages"]
+    hidden_round = final["messages"][-2:]  # at this small window, compacted again around it
+    at = forwarded.index(hidden_round[0])
+    assert forwarded[at : at + 3] == [*hidden_round, said]
+
+
+def messages_sent_last(up: FakeAnthropic) -> dict[str, Any]:
+    return [r.json for r in up.requests if r.path == "/v1/messages"][-1]
 
 
 def mixed_answer(dialect: str) -> dict[str, Any]:

@@ -8,16 +8,36 @@ tool. With the policy's retrieval off nothing is kept, marked or added.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from policies import retrieval
 from proxy.compaction.turn import ClientRequest
+from proxy.config import Config
+from proxy.config.retrieval import results_kept as engine_results_kept
+from proxy.config.schema import named
 from proxy.dialects import Entries
 from proxy.dialects.retrieval import TOOL_CALLS
 from proxy.errors import StoreUnavailable
 from proxy.sessions.originals import Originals, StoredOriginals, ViewOriginals
 
 log = logging.getLogger("compaction_proxy")
+
+
+def results_kept(config: Config) -> Config:
+    """The config with each retrieving policy's layers kept off the retrieval tool's results
+    (`proxy.config.retrieval.results_kept`), for the request path; the file's as it is for
+    `check-config`."""
+    kept = {
+        name: named(
+            dataclasses.replace(
+                policy, compaction=engine_results_kept(policy.compaction, policy.retrieval)
+            ),
+            name,
+        )
+        for name, policy in config.policies.items()
+    }
+    return dataclasses.replace(config, policies=kept)
 
 
 class KeptOriginals:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import policies
+
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what every API takes as a function's name
 
 
@@ -44,3 +46,18 @@ class Retrieval:
         if self.max_result_chars < 100:
             found.append(("max_result_chars", "must be at least 100"))
         return found
+
+
+def results_kept(compaction: policies.Policy, retrieval: Retrieval) -> policies.Policy:
+    """The engine's policy with the retrieval tool's results out of every layer's reach that
+    selects outputs by tool (`deny_tools`): they are never compressed, cleared or truncated
+    (only evicted with their round)."""
+    if not retrieval.enabled:
+        return compaction
+    layers: list[policies.LayerSpec] = []
+    for name, params in compaction.layers:
+        denied = getattr(params, "deny_tools", None)
+        if isinstance(denied, tuple) and retrieval.tool_name not in denied:
+            params = dataclasses.replace(params, deny_tools=(*denied, retrieval.tool_name))
+        layers.append(policies.LayerSpec(name, params))
+    return dataclasses.replace(compaction, layers=tuple(layers))

@@ -16,7 +16,7 @@ import policies
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.exact_count import ExactCounts
 from proxy.compaction.hooks import Hooks
-from proxy.compaction.kept_originals import KeptOriginals
+from proxy.compaction.kept_originals import KeptOriginals, results_kept
 from proxy.compaction.prepared import PreparedSummaries
 from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.compaction.summarizer import Summarizers
@@ -63,6 +63,7 @@ class Proxy:
         client: UpstreamClient,
         metrics: Metrics,
     ) -> None:
+        config = results_kept(config)  # the retrieval tool's results out of the layers' reach
         self.config = config
         self.store = store
         self.client = client

@@ -91,6 +91,11 @@ class Handler:
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
         client_request = self.client_request(headers, tenant, parsed)
+        if self.rounds is not None and client_request.policy.retrieval.enabled:
+            restored = await self.rounds.restore(client_request)  # the hidden rounds, back
+            if restored is not None:
+                parsed = self.dialect.parse(restored)
+                client_request = self.client_request(headers, tenant, parsed)
         upstream = client_request.upstream
         labels = self.labels(client_request)
         forward = await self.compactor.prepare(client_request)

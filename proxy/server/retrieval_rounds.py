@@ -11,6 +11,7 @@ every upstream call added up, and never a call of the proxy's tool:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from proxy.dialects.retrieval import TOOL_CALLS, Call
 from proxy.dialects.sse import EventStream
 from proxy.errors import StoreUnavailable
 from proxy.observability.retrieval_metrics import RetrievalMetrics
+
+log = logging.getLogger("compaction_proxy")
 
 # The continued request's body -> the upstream's status and whole answer.
 Send = Callable[[bytes], Awaitable[tuple[int, bytes]]]
@@ -92,7 +95,45 @@ class RetrievalRounds:
         if rounds == 0 and not ours:
             return Settled(200, payload, first)  # nothing of the proxy's: the bytes as they came
         answer = calls.with_usage(answer, usages)
+        if rounds:
+            await self._keep_round(request, calls.answer_key(answer), orjson.loads(body), sent)
         return Settled(200, orjson.dumps(answer), first, rounds, retrievals)
+
+    async def _keep_round(
+        self, request: ClientRequest, answer: str | None, first: dict[str, Any], last: Any
+    ) -> None:
+        """Keep the hidden rounds' items with the session, to put back before the answer in
+        its later requests (the client never saw them)."""
+        items = TOOL_CALLS[request.dialect.name].hidden_items(first, last)
+        if answer is None or not items:
+            return
+        try:
+            await self.kept.originals.put_round(request.key, answer, orjson.dumps(items))
+        except StoreUnavailable:
+            log.warning("hidden round not kept: the session store failed")
+
+    async def restore(self, request: ClientRequest) -> bytes | None:
+        """The request's body with the session's hidden rounds put back before the answers
+        they led to; None when it has none to put back (or under shadow mode)."""
+        calls = TOOL_CALLS[request.dialect.name]
+        conversation = request.parsed.body.get(calls.conversation_key)
+        if request.shadow or not isinstance(conversation, list):
+            return None
+        originals = self.kept.originals
+        try:
+            index = await originals.index(request.key)
+            wanted = set(index.rounds)
+            found = []
+            for position, item in enumerate(conversation if wanted else ()):
+                key = calls.item_key(item)
+                data = None if key not in wanted else await originals.read_round(request.key, key)
+                if data is not None:
+                    found.append((position, orjson.loads(data)))
+        except StoreUnavailable:
+            return None
+        if not found:
+            return None
+        return orjson.dumps(calls.restored(request.parsed.body, found))
 
     async def hold(
         self, request: ClientRequest, body: bytes, chunks: AsyncIterator[bytes], send: Send

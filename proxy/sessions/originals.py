@@ -26,6 +26,7 @@ T = TypeVar("T")
 Run = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 MAX_GONE = 4096  # handles remembered as gone per session (each ~17 bytes)
+MAX_ROUNDS = 16  # hidden rounds kept per session, to put back into its later requests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class OriginalsIndex:
 
     kept: tuple[str, ...] = ()
     gone: frozenset[str] = frozenset()
+    rounds: tuple[str, ...] = ()  # the keys of the hidden rounds kept (`put_round`)
 
     @property
     def empty(self) -> bool:
@@ -58,11 +60,19 @@ class Originals(Protocol):
     async def read(self, key: str, handle: str) -> bytes | None:
         """The original under `handle` in this session only; None when it has none."""
 
+    async def put_round(self, key: str, answer: str, items: bytes) -> None:
+        """Keep the items of a hidden round before the answer keyed `answer` (the last
+        `MAX_ROUNDS` kept)."""
+
+    async def read_round(self, key: str, answer: str) -> bytes | None:
+        """The items of the hidden round kept before the answer keyed `answer`."""
+
 
 class _Session:
     def __init__(self) -> None:
         self.kept: OrderedDict[str, bytes] = OrderedDict()
         self.gone: OrderedDict[str, None] = OrderedDict()
+        self.rounds: OrderedDict[str, bytes] = OrderedDict()
         self.bytes = 0
         self.expires_at = 0.0
 
@@ -81,14 +91,10 @@ class MemoryOriginals:
         session = self._live(key)
         if session is None:
             return OriginalsIndex()
-        return OriginalsIndex(tuple(session.kept), frozenset(session.gone))
+        return OriginalsIndex(tuple(session.kept), frozenset(session.gone), tuple(session.rounds))
 
     async def add(self, key: str, originals: Mapping[str, bytes]) -> None:
-        now = time.monotonic()
-        self._expire(now)
-        session = self._sessions.pop(key, None) or _Session()
-        self._sessions[key] = session
-        session.expires_at = now + self._ttl
+        session = self._written(key)
         for handle, data in originals.items():
             if handle in session.kept or handle in session.gone:
                 continue
@@ -104,6 +110,25 @@ class MemoryOriginals:
     async def read(self, key: str, handle: str) -> bytes | None:
         session = self._live(key)
         return None if session is None else session.kept.get(handle)
+
+    async def put_round(self, key: str, answer: str, items: bytes) -> None:
+        session = self._written(key)
+        session.rounds[answer] = items
+        if len(session.rounds) > MAX_ROUNDS:
+            session.rounds.popitem(last=False)
+
+    async def read_round(self, key: str, answer: str) -> bytes | None:
+        session = self._live(key)
+        return None if session is None else session.rounds.get(answer)
+
+    def _written(self, key: str) -> _Session:
+        """The session about to be written, its TTL set again (expired ones out first)."""
+        now = time.monotonic()
+        self._expire(now)
+        session = self._sessions.pop(key, None) or _Session()
+        self._sessions[key] = session
+        session.expires_at = now + self._ttl
+        return session
 
     def _live(self, key: str) -> _Session | None:
         session = self._sessions.get(key)
@@ -158,9 +183,24 @@ end
 return 1
 """
 
-# KEYS: order, gone.
+# KEYS: originals, rounds. ARGV: TTL ms, rounds kept, answer key, items. A round is `r:<key>`.
+_PUT_ROUND = """
+if redis.call('HEXISTS', KEYS[1], 'r:' .. ARGV[3]) == 0 then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+end
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[3], ARGV[4])
+while redis.call('LLEN', KEYS[2]) > tonumber(ARGV[2]) do
+  redis.call('HDEL', KEYS[1], 'r:' .. redis.call('LPOP', KEYS[2]))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: order, gone, rounds.
 _INDEX = """
-return {redis.call('LRANGE', KEYS[1], 0, -1), redis.call('SMEMBERS', KEYS[2])}
+return {redis.call('LRANGE', KEYS[1], 0, -1), redis.call('SMEMBERS', KEYS[2]),
+        redis.call('LRANGE', KEYS[3], 0, -1)}
 """
 
 
@@ -182,15 +222,21 @@ class RedisOriginals:
         self._limits = limits
         self._add = redis.register_script(_ADD)
         self._index = redis.register_script(_INDEX)
+        self._put_round = redis.register_script(_PUT_ROUND)
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         base = f"{self._prefix}:{{{key}}}:orig"
         return base, f"{base}:order", f"{base}:gone"
 
     async def index(self, key: str) -> OriginalsIndex:
-        _, order, gone = self._keys(key)
-        kept, lost = await self._run(lambda: self._index([order, gone], []))
-        return OriginalsIndex(tuple(h.decode() for h in kept), frozenset(h.decode() for h in lost))
+        data, order, gone = self._keys(key)
+        keys = [order, gone, f"{data}:rounds"]
+        kept, lost, rounds = await self._run(lambda: self._index(keys, []))
+        return OriginalsIndex(
+            tuple(h.decode() for h in kept),
+            frozenset(h.decode() for h in lost),
+            tuple(r.decode() for r in rounds),
+        )
 
     async def add(self, key: str, originals: Mapping[str, bytes]) -> None:
         if not originals:
@@ -201,6 +247,17 @@ class RedisOriginals:
         await self._run(lambda: self._add(list(self._keys(key)), args))
 
     async def read(self, key: str, handle: str) -> bytes | None:
+        return await self._field(key, f"k:{handle}")
+
+    async def put_round(self, key: str, answer: str, items: bytes) -> None:
         data, _, _ = self._keys(key)
-        found = await self._run(lambda: self._redis.hget(data, f"k:{handle}"))
+        args: list[EncodableT] = [self._ttl_ms, MAX_ROUNDS, answer, items]
+        await self._run(lambda: self._put_round([data, f"{data}:rounds"], args))
+
+    async def read_round(self, key: str, answer: str) -> bytes | None:
+        return await self._field(key, f"r:{answer}")
+
+    async def _field(self, key: str, field: str) -> bytes | None:
+        data, _, _ = self._keys(key)
+        found = await self._run(lambda: self._redis.hget(data, field))
         return None if found is None else bytes(found)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,44 @@ class ToolCalls(ABC):
     """One API's side of the retrieval tool. Answers and bodies are its JSON, decoded."""
 
     tools_key: str = "tools"
+    conversation_key: str = "messages"
+
+    @abstractmethod
+    def answer_items(self, answer: dict[str, Any]) -> list[Any]:
+        """The answer as the conversation items a client sends back with its next request."""
+
+    @abstractmethod
+    def item_key(self, item: Any) -> str | None:
+        """What tells an answer's item in a later request: its first call's id, else a hash
+        of its text (None: not an item of an answer)."""
+
+    def answer_key(self, answer: dict[str, Any]) -> str | None:
+        """The key of the answer's first item that has one."""
+        return next(filter(None, map(self.item_key, self.answer_items(answer))), None)
+
+    def hidden_items(self, first: dict[str, Any], last: dict[str, Any]) -> list[Any]:
+        """The items the hidden rounds added: those of `last` (the last continued request)
+        after `first`'s (the request as forwarded)."""
+        given = first.get(self.conversation_key)
+        return list(
+            last[self.conversation_key][1 if isinstance(given, str) else len(given or []) :]
+        )
+
+    def restored(
+        self, body: dict[str, Any], found: Sequence[tuple[int, list[Any]]]
+    ) -> dict[str, Any]:
+        """The body with each hidden round put back before the answer it led to (at its item's
+        index), unless it is there already."""
+        conversation = list(body[self.conversation_key])
+        for index, items in sorted(found, key=lambda pair: pair[0], reverse=True):
+            at = self.answer_start(conversation, index)
+            if conversation[max(0, at - len(items)) : at] != items:
+                conversation[at:at] = items
+        return {**body, self.conversation_key: conversation}
+
+    def answer_start(self, conversation: list[Any], index: int) -> int:
+        """Where the answer whose keyed item is at `index` begins."""
+        return index
 
     @abstractmethod
     def tool(self, name: str, description: str) -> dict[str, Any]:
@@ -92,6 +131,17 @@ class ToolCalls(ABC):
         if not isinstance(answer.get("usage"), dict):
             return answer
         return {**answer, "usage": summed_usage(usages)}
+
+
+def key_of(text: str, ids: Sequence[str]) -> str | None:
+    """An answer item's key: its first call's id, else its text, hashed; None for neither."""
+    if ids:
+        said = "call:" + ids[0]
+    elif text:
+        said = "text:" + text
+    else:
+        return None
+    return hashlib.sha256(said.encode()).hexdigest()[:32]
 
 
 def tool_name(tool: dict[str, Any]) -> str:

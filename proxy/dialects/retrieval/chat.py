@@ -5,11 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls
+from policies.message import content_text
+from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls, key_of
 from proxy.dialects.retrieval.streams import ChatStream, StreamAnswer, chat_events
 
 
 class ChatCalls(ToolCalls):
+    def answer_items(self, answer: dict[str, Any]) -> list[Any]:
+        message = _message(answer)
+        return [] if message is None else [message]
+
+    def item_key(self, item: Any) -> str | None:
+        if not isinstance(item, dict) or item.get("role") != "assistant":
+            return None
+        calls = item.get("tool_calls") or []
+        ids = [str(c.get("id")) for c in calls if isinstance(c, dict)]
+        return key_of(content_text(item.get("content")), ids)
+
     def tool(self, name: str, description: str) -> dict[str, Any]:
         function = {"name": name, "description": description, "parameters": PARAMETERS}
         return {"type": "function", "function": function}

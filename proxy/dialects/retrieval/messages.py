@@ -9,11 +9,25 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls
+from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls, key_of
 from proxy.dialects.retrieval.streams import MessagesStream, StreamAnswer, messages_events
 
 
 class MessagesCalls(ToolCalls):
+    def answer_items(self, answer: dict[str, Any]) -> list[Any]:
+        return [{"role": "assistant", "content": _content(answer)}]
+
+    def item_key(self, item: Any) -> str | None:
+        if not isinstance(item, dict) or item.get("role") != "assistant":
+            return None
+        content = item.get("content")
+        if isinstance(content, str):
+            return key_of(content, [])
+        blocks = [b for b in content or [] if isinstance(b, dict)]
+        ids = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
+        text = "\n".join(str(b.get("text")) for b in blocks if b.get("type") == "text")
+        return key_of(text, ids)
+
     def tool(self, name: str, description: str) -> dict[str, Any]:
         return {"name": name, "description": description, "input_schema": PARAMETERS}
 

@@ -6,11 +6,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls
+from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls, key_of
 from proxy.dialects.retrieval.streams import ResponsesStream, StreamAnswer, responses_events
 
 
 class ResponsesCalls(ToolCalls):
+    conversation_key = "input"
+
+    def answer_items(self, answer: dict[str, Any]) -> list[Any]:
+        return list(_output(answer))
+
+    def item_key(self, item: Any) -> str | None:
+        if not isinstance(item, dict):
+            return None
+        if item.get("type") == "function_call":
+            return key_of("", [str(item.get("call_id"))])
+        if item.get("type", "message") != "message" or item.get("role") != "assistant":
+            return None
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "\n".join(
+                str(p.get("text")) for p in content if isinstance(p, dict) and "text" in p
+            )
+        return key_of(str(content or ""), [])
+
+    def answer_start(self, conversation: list[Any], index: int) -> int:
+        while index > 0 and _is_reasoning(conversation[index - 1]):
+            index -= 1  # a reasoning item goes with what follows it
+        return index
+
+    def hidden_items(self, first: dict[str, Any], last: dict[str, Any]) -> list[Any]:
+        if first.get("previous_response_id") is not None:
+            return []  # held upstream: nothing to put back
+        return super().hidden_items(first, last)
+
     def tool(self, name: str, description: str) -> dict[str, Any]:
         return {
             "type": "function",
@@ -63,6 +92,10 @@ class ResponsesCalls(ToolCalls):
                 {"type": "message", "role": "assistant", "status": "completed", "content": [text]}
             )
         return {**answer, "output": output}
+
+
+def _is_reasoning(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "reasoning"
 
 
 def _output(answer: dict[str, Any]) -> list[dict[str, Any]]:
