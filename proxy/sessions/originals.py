@@ -3,9 +3,10 @@
 Each is kept once under its handle (`policies.retrieval.handle_of`: derived from the content),
 with the session's TTL, in insertion order: past `session_bytes` a session's oldest go first,
 and in the memory store past `total_bytes` the oldest of any session. A handle that went is
-remembered as gone (so that its marker says so, and it is never kept again). In Redis a
-session's originals are the keys `{prefix}:{<key>}:orig`, `:orig:order` and `:orig:gone`, the
-session's hash tag, so one Cluster node holds them with its state.
+remembered as gone (so that its marker says so, and it is never kept again). Beside them, the
+items of the session's last hidden rounds (`put_round`), put back into its later requests. In
+Redis a session's originals are the keys `{prefix}:{<key>}:orig`, `:orig:order`, `:orig:gone`
+and `:orig:rounds`, the session's hash tag, so one Cluster node holds them with its state.
 """
 
 from __future__ import annotations
