@@ -4,6 +4,8 @@ given only the final answer with the usage of every upstream call added up."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -12,8 +14,11 @@ import httpx
 import pytest
 
 from proxy.server.retrieval_rounds import LIMIT_NOTE
+from tests.conftest import config_for
 from tests.fakes.base import Scripted
+from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, stream_head
 from tests.harness import Harness, harness
+from tests.servers import proxy_server
 from tests.test_replayed_plans import tool_round
 
 TOOL = "compaction_retrieve"
@@ -94,6 +99,9 @@ def test_the_model_reads_an_elided_output_back_and_the_client_gets_only_the_answ
         assert after["messages"][:hidden_round] == final.json["messages"]
         assert after["messages"][hidden_round]["content"] == chat.messages[-3]["content"]
         assert h.metric("compaction_proxy_retrievals_total", outcome="served") == 1
+        assert h.metric("compaction_proxy_retrieval_rounds_total", dialect="chat") == 1
+        served = len(original(0).encode())
+        assert h.metric("compaction_proxy_retrieval_bytes_total") == served
 
 
 def test_a_handle_is_the_same_on_every_turn_and_replica_and_served_by_each() -> None:
@@ -155,6 +163,23 @@ def test_the_originals_are_read_by_the_admin_api_and_by_their_own_client_only() 
         assert httpx.get(path, headers={"authorization": "Bearer sk-test"}).status_code == 400
 
 
+def test_under_tool_choice_none_the_tool_is_there_and_never_called() -> None:
+    with harness(policies={"default": RETRIEVING}) as h:
+        h.up.behavior = "tool-call"  # the fake calls a tool whenever tool_choice lets it
+        chat = compacted(h)
+        tools = h.up.requests[-1].json["tools"]
+        raw = h.openai().chat.completions.with_raw_response.create(
+            model=chat.model,
+            messages=[*chat.messages, {"role": "user", "content": "Say hi."}],
+            tool_choice="none",
+            extra_headers={"X-Session-Id": "s1"},
+        )
+        assert raw.parse().choices[0].message.tool_calls is None
+        assert raw.headers["x-compaction-retrievals"] == "0"
+        sent = h.up.requests[-1].json
+        assert sent["tool_choice"] == "none" and sent["tools"] == tools
+
+
 def test_calls_past_max_rounds_never_reach_the_client() -> None:
     policy = {**RETRIEVING, "retrieval": {"enabled": True, "max_rounds": 1}}
     with harness(policies={"default": policy}) as h:
@@ -197,3 +222,64 @@ def test_a_streamed_chat_answer_after_a_hidden_round_is_valid_with_the_usage_sum
             extra_headers={"X-Session-Id": "s1"},
         )
         assert "".join(c.choices[0].delta.content or "" for c in plain if c.choices)
+
+
+TEXT_EVENTS = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]},
+    {"choices": [{"index": 0, "delta": {"content": "lo."}, "finish_reason": "stop"}]},
+]
+CALL = {"index": 0, "id": "call_r", "type": "function"}
+CALL_EVENTS = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me read."}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{**CALL, "function": {"name": "read"}}]}}]},
+    {
+        "choices": [
+            {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}
+        ]
+    },
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+]
+
+
+@pytest.mark.parametrize("events", [TEXT_EVENTS, CALL_EVENTS], ids=["text", "client-call"])
+def test_a_stream_that_does_not_call_the_proxys_tool_is_relayed_byte_for_byte(
+    events: list[dict[str, Any]],
+) -> None:
+    sent = b"".join(event(json.dumps(e, separators=(",", ":"))) for e in events)
+    sent += event("[DONE]")
+
+    async def answer(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(stream_head())
+        for piece in (sent[: len(sent) // 3], sent[len(sent) // 3 :], chunk(b"")):
+            writer.write(piece)
+            await writer.drain()
+        return True
+
+    body = {
+        "model": "gpt-4",
+        "stream": True,
+        "messages": [{"role": "system", "content": "You read files."}, *rounds(6)],
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+    }
+    with ScriptedUpstream(answer) as up:
+        config = config_for(
+            up,
+            policies={"default": RETRIEVING},
+            models=[{"match": "gpt-4", "context_window": 4096}],
+        )
+        with proxy_server(config) as proxy, httpx.Client(timeout=10) as client:
+            with client.stream("POST", proxy.url + "/v1/chat/completions", json=body) as got:
+                received = b"".join(got.iter_raw())
+            forwarded = json.loads(up.requests[-1].body)
+    assert forwarded["tools"][-1]["function"]["name"] == TOOL  # the hold-back was on
+    assert received == b"".join(_unchunked(sent))
+
+
+def _unchunked(framed: bytes) -> list[bytes]:
+    """The data of chunked framing."""
+    out, rest = [], framed
+    while rest:
+        size, rest = rest.split(b"\r\n", 1)
+        out.append(rest[: int(size, 16)])
+        rest = rest[int(size, 16) + 2 :]
+    return out
