@@ -40,10 +40,10 @@ from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
 from proxy.server.relay import Relay, after, relayed, whole_response
-from proxy.server.retrieval_rounds import RetrievalRounds, Settled
+from proxy.server.retrieval_rounds import RetrievalRounds, Settled, whole_answers
 from proxy.server.tenants import Tenants
 from proxy.sessions.sessions import session_id
-from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded, read_whole
+from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded
 from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, relayable
 
 log = logging.getLogger("compaction_proxy")
@@ -160,11 +160,9 @@ class Handler:
 
         retrieving = forward.retrieval and response.status == 200 and self.rounds is not None
 
-        async def again(body: bytes) -> tuple[int, bytes]:  # a hidden round's call, whole
-            following = await send(dataclasses.replace(forward, body=body))
-            payload = await read_whole(following, idle, upstream.max_answer_bytes)
-            following.release()
-            return following.status, payload
+        again = whole_answers(
+            lambda body: send(dataclasses.replace(forward, body=body)), idle, upstream
+        )
 
         if parsed.stream and response.status == 200:
             body = after(head, chunks) if head else chunks

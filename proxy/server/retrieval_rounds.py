@@ -20,11 +20,12 @@ import orjson
 from policies.retrieval import excerpt
 from proxy.compaction.kept_originals import KeptOriginals
 from proxy.compaction.turn import ClientRequest
-from proxy.config import Retrieval
+from proxy.config import Retrieval, Upstream
 from proxy.dialects.retrieval import TOOL_CALLS, Call
 from proxy.dialects.sse import EventStream
-from proxy.errors import StoreUnavailable
+from proxy.errors import AnswerTooLarge, StoreUnavailable, UpstreamUnreachable
 from proxy.observability.retrieval_metrics import RetrievalMetrics
+from proxy.upstream.answer import UpstreamResponse, read_whole
 
 log = logging.getLogger("compaction_proxy")
 
@@ -192,6 +193,26 @@ class RetrievalRounds:
         self.metrics.retrievals.labels("served").inc()
         self.metrics.bytes_served.inc(len(text.encode()))
         return text
+
+
+def whole_answers(
+    open_upstream: Callable[[bytes], Awaitable[UpstreamResponse]], idle: float, upstream: Upstream
+) -> Send:
+    """The hidden rounds' calls: each body sent upstream, its answer read whole."""
+
+    async def send(body: bytes) -> tuple[int, bytes]:
+        answer = await open_upstream(body)
+        try:
+            payload = await read_whole(answer, idle, upstream.max_answer_bytes)
+        except AnswerTooLarge as exc:
+            raise UpstreamUnreachable(
+                f"upstream {upstream.name!r} answered a hidden round with more than its "
+                "max_answer_bytes"
+            ) from exc
+        answer.release()
+        return answer.status, payload
+
+    return send
 
 
 def _json(payload: bytes) -> dict[str, Any] | None:
