@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from policies.compress.marker import Marker
 from policies.retrieval import GONE_LINE, excerpt, handle_of, marked
 from proxy.config import StoredOriginals
-from proxy.sessions.originals import MemoryOriginals
+from proxy.sessions.originals import MAX_ROUNDS, MemoryOriginals
 from proxy.sessions.store import SessionStore
 from tests.conftest import examples
 from tests.test_store import MakeStore, make_store, new_key, prefix, redis  # noqa: F401
@@ -35,6 +35,29 @@ async def test_kept_once_and_the_oldest_out_past_the_sessions_bytes(
     await originals.add(key, {"oa": b"again"})  # gone for good: never kept again
     assert await originals.read(key, "oa") is None
     assert await originals.read(other, "ob") is None and (await originals.index(other)).empty
+
+
+async def test_the_last_hidden_rounds_are_kept(
+    make_store: MakeStore,  # noqa: F811 (the fixture of tests/test_store.py)
+) -> None:
+    originals = make_store().originals(BOUNDS)
+    key = new_key()
+    for n in range(MAX_ROUNDS + 2):
+        await originals.put_round(key, f"answer{n}", f"items{n}".encode())
+    index = await originals.index(key)
+    assert index.rounds == tuple(f"answer{n}" for n in range(2, MAX_ROUNDS + 2))
+    assert await originals.read_round(key, "answer0") is None
+    assert await originals.read_round(key, "answer2") == b"items2"
+    assert await originals.read_round(new_key(), "answer2") is None
+
+
+async def test_the_memory_store_counts_hidden_rounds_in_all() -> None:
+    originals = MemoryOriginals(ttl_seconds=60, limits=BOUNDS)
+    key = new_key()
+    await originals.add(key, {"o1": b"x" * 90})
+    await originals.put_round(key, "a", b"y" * 200)  # past 250 in all: the oldest goes
+    index = await originals.index(key)
+    assert index.kept == () and index.gone == {"o1"} and index.rounds == ("a",)
 
 
 async def test_the_memory_store_is_bounded_in_all_and_expires() -> None:

@@ -28,6 +28,7 @@ Run = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 MAX_GONE = 4096  # handles remembered as gone per session (each ~17 bytes)
 MAX_ROUNDS = 16  # hidden rounds kept per session, to put back into its later requests
+ROUND = "\0"  # before an answer's key: a hidden round among the memory store's entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,9 +115,15 @@ class MemoryOriginals:
 
     async def put_round(self, key: str, answer: str, items: bytes) -> None:
         session = self._written(key)
+        if answer in session.rounds:
+            self._evict(key, ROUND + answer)
         session.rounds[answer] = items
+        self._order[key, ROUND + answer] = len(items)  # counted in all, oldest out first
+        self._bytes += len(items)
         if len(session.rounds) > MAX_ROUNDS:
-            session.rounds.popitem(last=False)
+            self._evict(key, ROUND + next(iter(session.rounds)))
+        while self._bytes > self._limits.total_bytes:
+            self._evict(*next(iter(self._order)))
 
     async def read_round(self, key: str, answer: str) -> bytes | None:
         session = self._live(key)
@@ -138,7 +145,12 @@ class MemoryOriginals:
         return session
 
     def _evict(self, key: str, handle: str) -> None:
+        """Forget an original (remembered as gone) or, `ROUND` and its key, a hidden round."""
         session = self._sessions[key]
+        if handle.startswith(ROUND):
+            self._bytes -= len(session.rounds.pop(handle[len(ROUND) :]))
+            del self._order[key, handle]
+            return
         data = session.kept.pop(handle)
         session.bytes -= len(data)
         self._bytes -= len(data)
@@ -152,8 +164,8 @@ class MemoryOriginals:
             key, session = next(iter(self._sessions.items()))
             if session.expires_at > now:
                 return
-            while session.kept:
-                self._evict(key, next(iter(session.kept)))
+            for entry in [*session.kept, *(ROUND + answer for answer in session.rounds)]:
+                self._evict(key, entry)
             del self._sessions[key]
 
 
