@@ -72,7 +72,7 @@ class RetrievalRounds:
         if answer is None:
             return Settled(200, payload, payload)
         first, usages, rounds, retrievals = payload, [answer.get("usage")], 0, 0
-        sent = orjson.loads(body)
+        sent: dict[str, Any] | None = None  # the last continued request (read when needed)
         while True:
             made = calls.calls(answer)
             ours = [c for c in made if c.name == settings.tool_name]
@@ -84,7 +84,7 @@ class RetrievalRounds:
                 break
             results = [(call, await self._result(request, settings, call)) for call in ours]
             retrievals += len(results)
-            sent = calls.continued(sent, answer, results)
+            sent = calls.continued(sent or orjson.loads(body), answer, results)
             rounds += 1
             self.metrics.rounds.labels(request.dialect.name).inc()
             status, payload = await send(orjson.dumps(sent))
@@ -96,7 +96,7 @@ class RetrievalRounds:
         if rounds == 0 and not ours:
             return Settled(200, payload, first)  # nothing of the proxy's: the bytes as they came
         answer = calls.with_usage(answer, usages)
-        if rounds:
+        if sent is not None:
             await self._keep_round(request, calls.answer_key(answer), orjson.loads(body), sent)
         return Settled(200, orjson.dumps(answer), first, rounds, retrievals)
 
