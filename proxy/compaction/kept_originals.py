@@ -50,6 +50,8 @@ class KeptOriginals:
         store failed (then the request goes without handles and without the tool)."""
         if not request.policy.retrieval.enabled or request.parsed.opaque_reason is not None:
             return None
+        if request.originals is not None:
+            return ViewOriginals(request.originals)
         try:
             return ViewOriginals(await self.originals.index(request.key))
         except StoreUnavailable:

@@ -92,10 +92,11 @@ class Handler:
         parsed = self.dialect.parse(raw)
         client_request = self.client_request(headers, tenant, parsed)
         if self.rounds is not None and client_request.policy.retrieval.enabled:
-            restored = await self.rounds.restore(client_request)  # the hidden rounds, back
+            restored, index = await self.rounds.restore(client_request)  # hidden rounds back
             if restored is not None:
                 parsed = self.dialect.parse(restored)
                 client_request = self.client_request(headers, tenant, parsed)
+            client_request = dataclasses.replace(client_request, originals=index)
         upstream = client_request.upstream
         labels = self.labels(client_request)
         forward = await self.compactor.prepare(client_request)

@@ -25,6 +25,7 @@ from proxy.dialects.retrieval import TOOL_CALLS, Call
 from proxy.dialects.sse import EventStream
 from proxy.errors import AnswerTooLarge, StoreUnavailable, UpstreamUnreachable
 from proxy.observability.retrieval_metrics import RetrievalMetrics
+from proxy.sessions.originals import OriginalsIndex
 from proxy.upstream.answer import UpstreamResponse, read_whole
 
 log = logging.getLogger("compaction_proxy")
@@ -113,28 +114,28 @@ class RetrievalRounds:
         except StoreUnavailable:
             log.warning("hidden round not kept: the session store failed")
 
-    async def restore(self, request: ClientRequest) -> bytes | None:
+    async def restore(self, request: ClientRequest) -> tuple[bytes | None, OriginalsIndex | None]:
         """The request's body with the session's hidden rounds put back before the answers
-        they led to; None when it has none to put back (or under shadow mode)."""
+        they led to (None when it has none to put back, or under shadow mode), and the
+        session's kept originals as read (None when the store failed)."""
         calls = TOOL_CALLS[request.dialect.name]
         conversation = request.parsed.body.get(calls.conversation_key)
-        if request.shadow or not isinstance(conversation, list):
-            return None
         originals = self.kept.originals
         try:
             index = await originals.index(request.key)
             wanted = set(index.rounds)
+            items = conversation if isinstance(conversation, list) and wanted else []
             found = []
-            for position, item in enumerate(conversation if wanted else ()):
+            for position, item in enumerate(items):
                 key = calls.item_key(item)
                 data = None if key not in wanted else await originals.read_round(request.key, key)
                 if data is not None:
                     found.append((position, orjson.loads(data)))
         except StoreUnavailable:
-            return None
-        if not found:
-            return None
-        return orjson.dumps(calls.restored(request.parsed.body, found))
+            return None, None
+        if not found or request.shadow:
+            return None, index
+        return orjson.dumps(calls.restored(request.parsed.body, found)), index
 
     async def hold(
         self, request: ClientRequest, body: bytes, chunks: AsyncIterator[bytes], send: Send
