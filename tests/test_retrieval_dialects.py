@@ -155,8 +155,11 @@ def anthropic_proxy() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
             yield up, server
 
 
+@pytest.mark.parametrize("thinking", [False, True], ids=["", "thinking"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_messages(anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: bool) -> None:
+def test_messages(
+    anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: bool, thinking: bool
+) -> None:
     up, server = anthropic_proxy
     up.reset()
     up.script = messages_model
@@ -164,17 +167,19 @@ def test_messages(anthropic_proxy: tuple[FakeAnthropic, ServerThread], stream: b
     with client:
         kwargs: dict[str, Any] = {
             "model": CLAUDE,
-            "max_tokens": 200,
+            "max_tokens": 1200 if thinking else 200,
             "messages": messages_history(),
-            "extra_headers": {"X-Session-Id": f"messages-{stream}"},
+            "extra_headers": {"X-Session-Id": f"messages-{stream}-{thinking}"},
         }
+        if thinking:  # the fake checks that each thinking block comes back signed, in place
+            kwargs["thinking"] = {"type": "enabled", "budget_tokens": 1024}
         if stream:
             with client.messages.stream(**kwargs) as events:
                 answer = events.get_final_message()
         else:
             answer = client.messages.create(**kwargs)
-    assert [block.type for block in answer.content] == ["text"]
-    assert answer.content[0].text == answered_text(output(0))  # type: ignore[union-attr]
+    assert [block.type for block in answer.content] == ["thinking"] * thinking + ["text"]
+    assert answer.content[-1].text == answered_text(output(0))  # type: ignore[union-attr]
     bodies = [r.json for r in up.requests if r.path == "/v1/messages"]
     hidden, final = bodies[-2:]
     result = final["messages"][-1]["content"][0]
