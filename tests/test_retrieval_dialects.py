@@ -77,22 +77,32 @@ def openai_proxy() -> Iterator[tuple[FakeUpstream, ServerThread]]:
             yield up, server
 
 
+@pytest.mark.parametrize("reasoning", [False, True], ids=["", "reasoning"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_responses(openai_proxy: tuple[FakeUpstream, ServerThread], stream: bool) -> None:
+def test_responses(
+    openai_proxy: tuple[FakeUpstream, ServerThread], stream: bool, reasoning: bool
+) -> None:
     up, server = openai_proxy
     up.reset()
     up.script = responses_model
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
     with client:
-        session = {"X-Session-Id": f"responses-{stream}"}
-        kwargs = {"model": MODEL, "input": responses_history(), "extra_headers": session}
+        session = {"X-Session-Id": f"responses-{stream}-{reasoning}"}
+        kwargs: dict[str, Any] = {
+            "model": MODEL,
+            "input": responses_history(),
+            "extra_headers": session,
+        }
+        if reasoning:  # stateless, as Codex: the reasoning goes back encrypted with its call
+            kwargs |= {"reasoning": {"effort": "low"}, "store": False}
+            kwargs["include"] = ["reasoning.encrypted_content"]
         if stream:
             with client.responses.stream(**kwargs) as events:
                 answer = events.get_final_response()
         else:
             answer = client.responses.create(**kwargs)
     assert answer.output_text == answered_text(output(0))
-    assert [item.type for item in answer.output] == ["message"]
+    assert [item.type for item in answer.output] == ["reasoning"] * reasoning + ["message"]
     bodies = [r.json for r in up.requests if r.path == "/v1/responses"]
     hidden, final = bodies[-2:]
     assert final["input"][-1] == {
@@ -101,6 +111,10 @@ def test_responses(openai_proxy: tuple[FakeUpstream, ServerThread], stream: bool
         "output": output(0),
     }
     assert hidden["tools"] == final["tools"] and hidden["tools"][-1]["name"] == TOOL
+    if reasoning:  # the call's reasoning went back with it, readable without a stored response
+        thought = final["input"][-3]
+        assert thought["type"] == "reasoning" and "id" not in thought
+        assert thought["encrypted_content"]
     first, second = up.answered[-2:]
     assert answer.usage is not None
     assert answer.usage.input_tokens == first.usage["input_tokens"] + second.usage["input_tokens"]
@@ -109,7 +123,7 @@ def test_responses(openai_proxy: tuple[FakeUpstream, ServerThread], stream: bool
     said = [item.model_dump(exclude_none=True) for item in answer.output]
     again = [*responses_history(), *said, {"role": "user", "content": "Thanks."}]
     with openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0) as client:
-        client.responses.create(model=MODEL, input=again, extra_headers=session)
+        client.responses.create(**{**kwargs, "input": again})
     forwarded = up.requests[-1].json["input"]
     assert forwarded[: len(final["input"])] == final["input"]
 
