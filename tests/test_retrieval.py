@@ -16,7 +16,15 @@ import pytest
 from proxy.server.retrieval_rounds import LIMIT_NOTE
 from tests.conftest import config_for
 from tests.fakes.base import Scripted
-from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, stream_head
+from tests.fakes.scripted import (
+    Request,
+    Script,
+    ScriptedUpstream,
+    chunk,
+    event,
+    response,
+    stream_head,
+)
 from tests.harness import Harness, harness
 from tests.servers import proxy_server
 from tests.test_replayed_plans import tool_round
@@ -255,24 +263,48 @@ def test_a_stream_that_does_not_call_the_proxys_tool_is_relayed_byte_for_byte(
             await writer.drain()
         return True
 
+    received, forwarded, _ = through_scripted(answer, stream=True)
+    assert forwarded["tools"][-1]["function"]["name"] == TOOL  # the hold-back was on
+    assert received == b"".join(_unchunked(sent))
+
+
+def through_scripted(answer: Script, *, stream: bool) -> tuple[bytes, dict[str, Any], Any]:
+    """The bytes a client receives for a compacted request with a client tool `read`, what
+    was forwarded, and the answer's headers, with `answer` as the upstream."""
     body = {
         "model": "gpt-4",
-        "stream": True,
+        "stream": stream,
         "messages": [{"role": "system", "content": "You read files."}, *rounds(6)],
         "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
     }
     with ScriptedUpstream(answer) as up:
-        config = config_for(
-            up,
-            policies={"default": RETRIEVING},
-            models=[{"match": "gpt-4", "context_window": 4096}],
-        )
+        models = [{"match": "gpt-4", "context_window": 4096}]
+        config = config_for(up, policies={"default": RETRIEVING}, models=models)
         with proxy_server(config) as proxy, httpx.Client(timeout=10) as client:
             with client.stream("POST", proxy.url + "/v1/chat/completions", json=body) as got:
                 received = b"".join(got.iter_raw())
-            forwarded = json.loads(up.requests[-1].body)
-    assert forwarded["tools"][-1]["function"]["name"] == TOOL  # the hold-back was on
-    assert received == b"".join(_unchunked(sent))
+            return received, json.loads(up.requests[-1].body), got.headers
+
+
+def test_a_call_of_the_proxys_tool_beside_a_clients_is_taken_out() -> None:
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for i, name in enumerate((TOOL, "read"))
+    ]
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+    answered = {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
+    payload = json.dumps(answered).encode()
+
+    async def answer(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(response(200, payload))
+        return True
+
+    received, _, headers = through_scripted(answer, stream=False)
+    given = json.loads(received)["choices"][0]
+    assert [c["function"]["name"] for c in given["message"]["tool_calls"]] == ["read"]
+    assert given["finish_reason"] == "tool_calls" and headers["x-compaction-retrievals"] == "0"
 
 
 def _unchunked(framed: bytes) -> list[bytes]:
