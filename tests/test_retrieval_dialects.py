@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import anthropic
 import openai
+import orjson
 import pytest
 
 from proxy.dialects.retrieval import TOOL_CALLS
@@ -256,3 +257,73 @@ def test_the_proxys_calls_are_taken_out_beside_the_clients(dialect: str) -> None
     assert "note" not in json.dumps(kept)
     alone = calls.without_calls(kept, "read", "note")  # nothing but the proxy's: the note
     assert calls.calls(alone) == [] and "note" in json.dumps(alone)
+
+
+def sse_of(events: list[dict[str, Any]], named: bool) -> bytes:
+    return b"".join(
+        (f"event: {e['type']}\n".encode() if named else b"") + b"data: " + orjson.dumps(e) + b"\n\n"
+        for e in events
+    )
+
+
+async def relayed_through(dialect: str, sent: bytes) -> bytes:
+    async def chunks() -> AsyncIterator[bytes]:
+        for at in range(0, len(sent), 7):  # events split anywhere
+            yield sent[at : at + 7]
+
+    return b"".join([c async for c in TOOL_CALLS[dialect].call_filter(TOOL).filtered(chunks())])
+
+
+def chat_call(index: int, name: str | None, arguments: str) -> dict[str, Any]:
+    function = {"arguments": arguments} if name is None else {"name": name, "arguments": ""}
+    call = {"index": index, "function": function}
+    return {"type": "chunk", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+async def test_a_later_call_of_the_proxys_tool_is_taken_out_of_a_relayed_stream() -> None:
+    # chat: the client's call (index 0), the proxy's (1), the client's again (2 -> 1)
+    events = [
+        chat_call(0, "read", ""),
+        chat_call(1, TOOL, ""),
+        chat_call(1, None, '{"handle": "o1"}'),
+        chat_call(2, "read", ""),
+        chat_call(2, None, "{}"),
+    ]
+    got = await relayed_through("chat", sse_of(events, named=False))
+    pieces = [
+        piece
+        for line in got.split(b"\n\n")
+        if line
+        for piece in orjson.loads(line[6:])["choices"][0]["delta"]["tool_calls"]
+    ]
+    assert [p["index"] for p in pieces] == [0, 1, 1]
+    assert TOOL.encode() not in got and b"o1" not in got
+    assert got.startswith(sse_of(events[:1], named=False))  # untouched events: their own bytes
+
+    # Messages: blocks 0 (text), 1 (the client's), 2 (the proxy's), 3 (the client's -> 2)
+    def block(index: int, name: str) -> list[dict[str, Any]]:
+        use = {"type": "tool_use", "id": f"t{index}", "name": name, "input": {}}
+        return [
+            {"type": "content_block_start", "index": index, "content_block": use},
+            {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta"}},
+            {"type": "content_block_stop", "index": index},
+        ]
+
+    events = [*block(1, "read"), *block(2, TOOL), *block(3, "read"), {"type": "message_stop"}]
+    got = await relayed_through("messages", sse_of(events, named=True))
+    kept = [orjson.loads(part.split(b"data: ")[1]) for part in got.split(b"\n\n") if part]
+    assert [e.get("index") for e in kept] == [1, 1, 1, 2, 2, 2, None]
+    assert TOOL.encode() not in got
+
+    # Responses: output items 0 (the client's), 1 (the proxy's), 2 (the client's -> 1)
+    def item(index: int, name: str) -> dict[str, Any]:
+        call = {"type": "function_call", "name": name, "call_id": f"c{index}", "arguments": ""}
+        return {"type": "response.output_item.added", "output_index": index, "item": call}
+
+    done = {"type": "function_call", "name": TOOL, "call_id": "c1", "arguments": ""}
+    completed = {"type": "response.completed", "response": {"id": "r", "output": [done]}}
+    events = [item(0, "read"), item(1, TOOL), item(2, "read"), completed]
+    got = await relayed_through("responses", sse_of(events, named=True))
+    kept = [orjson.loads(part.split(b"data: ")[1]) for part in got.split(b"\n\n") if part]
+    assert [e.get("output_index") for e in kept] == [0, 1, None]
+    assert kept[-1]["response"]["output"] == [] and TOOL.encode() not in got

@@ -173,7 +173,7 @@ class Handler:
                     return self._finish(
                         client_request, labels, forward, response, b"", overhead, held.settled
                     )
-                body = after(held.head, chunks)
+                body = held.stream or chunks
             return self._relay(client_request, labels, forward, response, body, overhead)
         try:
             payload = await read_bounded(response, idle, upstream.max_answer_bytes)

@@ -25,6 +25,7 @@ from proxy.dialects.retrieval import TOOL_CALLS, Call
 from proxy.dialects.sse import EventStream
 from proxy.errors import AnswerTooLarge, StoreUnavailable, UpstreamUnreachable
 from proxy.observability.retrieval_metrics import RetrievalMetrics
+from proxy.server.relay import after
 from proxy.sessions.originals import OriginalsIndex
 from proxy.upstream.answer import UpstreamResponse, read_whole
 
@@ -39,11 +40,12 @@ LIMIT_NOTE = "[the conversation's kept tool outputs could not be read further in
 
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """A streamed answer read until it showed whether it calls the proxy's tool: the bytes
-    held, which go out first before the rest of the stream; or, when it called the tool, the
-    client's answer settled (its events written whole)."""
+    """A streamed answer read until it showed whether it calls the proxy's tool: the stream
+    as the client gets it (the bytes held, then the rest, a later call of the proxy's tool
+    taken out); or, when its first call was the proxy's, the client's answer settled (its
+    events written whole)."""
 
-    head: bytes
+    stream: AsyncIterator[bytes] | None
     settled: Settled | None = None
 
 
@@ -154,18 +156,19 @@ class RetrievalRounds:
                 if event is not None:
                     reader.feed(event)
             if reader.first_call not in (None, settings.tool_name):
-                return Held(bytes(held))
-        if reader.first_call is None:
-            return Held(bytes(held))
+                break
+        if reader.first_call != settings.tool_name:
+            relayed = after(bytes(held), chunks)
+            return Held(calls.call_filter(settings.tool_name).filtered(relayed))
         whole = {**orjson.loads(body), "stream": False}
         whole.pop("stream_options", None)
         answer = orjson.dumps(reader.answer())
         settled = await self.settle(request, orjson.dumps(whole), answer, send)
         if settled.status != 200:
-            return Held(b"", settled)
+            return Held(None, settled)
         wants_usage = request.dialect.wants_usage(request.parsed)
         written = calls.events(orjson.loads(settled.payload), wants_usage)
-        return Held(b"", dataclasses.replace(settled, payload=written))
+        return Held(None, dataclasses.replace(settled, payload=written))
 
     async def _result(self, request: ClientRequest, settings: Retrieval, call: Call) -> str:
         """The tool's result for one call: the original (or its lines), else why not."""

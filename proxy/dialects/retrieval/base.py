@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects.retrieval.filters import CallFilter
 from proxy.dialects.retrieval.streams import StreamAnswer
 from proxy.errors import InvalidRequest
 
@@ -103,6 +104,10 @@ class ToolCalls(ABC):
                 param=self.tools_key,
             )
         return orjson.dumps({**data, self.tools_key: [*tools, tool]})
+
+    @abstractmethod
+    def call_filter(self, name: str) -> CallFilter:
+        """What takes the calls of tool `name` out of a stream relayed as it comes."""
 
     @abstractmethod
     def stream(self) -> StreamAnswer:

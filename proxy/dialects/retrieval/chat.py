@@ -7,6 +7,7 @@ from typing import Any
 
 from policies.message import content_text
 from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls, key_of
+from proxy.dialects.retrieval.filters import CallFilter, ChatFilter
 from proxy.dialects.retrieval.streams import ChatStream, StreamAnswer, chat_events
 
 
@@ -25,6 +26,9 @@ class ChatCalls(ToolCalls):
     def tool(self, name: str, description: str) -> dict[str, Any]:
         function = {"name": name, "description": description, "parameters": PARAMETERS}
         return {"type": "function", "function": function}
+
+    def call_filter(self, name: str) -> CallFilter:
+        return ChatFilter(name)
 
     def stream(self) -> StreamAnswer:
         return ChatStream()

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls, key_of
+from proxy.dialects.retrieval.filters import CallFilter, MessagesFilter
 from proxy.dialects.retrieval.streams import MessagesStream, StreamAnswer, messages_events
 
 
@@ -30,6 +31,9 @@ class MessagesCalls(ToolCalls):
 
     def tool(self, name: str, description: str) -> dict[str, Any]:
         return {"name": name, "description": description, "input_schema": PARAMETERS}
+
+    def call_filter(self, name: str) -> CallFilter:
+        return MessagesFilter(name)
 
     def stream(self) -> StreamAnswer:
         return MessagesStream()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.dialects.retrieval.base import PARAMETERS, Call, ToolCalls, key_of
+from proxy.dialects.retrieval.filters import CallFilter, ResponsesFilter
 from proxy.dialects.retrieval.streams import ResponsesStream, StreamAnswer, responses_events
 
 
@@ -48,6 +49,9 @@ class ResponsesCalls(ToolCalls):
             "parameters": PARAMETERS,
             "strict": False,
         }
+
+    def call_filter(self, name: str) -> CallFilter:
+        return ResponsesFilter(name)
 
     def stream(self) -> StreamAnswer:
         return ResponsesStream()
