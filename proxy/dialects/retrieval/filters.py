@@ -27,6 +27,17 @@ class CallFilter(ABC):
     def event(self, data: dict[str, Any]) -> dict[str, Any] | None:
         """The event as the client gets it (None: taken out); `data` itself when unchanged."""
 
+    def numbered(self, data: dict[str, Any], field: str, started: Any) -> dict[str, Any] | None:
+        """An event of the item numbered `data[field]` (`started`: the item it opens, if any):
+        taken out when the item is a call of the proxy's tool, else renumbered."""
+        index = data[field]
+        if isinstance(started, dict) and started.get("name") == self.name:
+            self.ours.append(index)
+        if index in self.ours:
+            return None
+        shifted = self.shifted(index)
+        return data if shifted == index else {**data, field: shifted}
+
     def shifted(self, index: int) -> int:
         """An index after the proxy's calls taken out before it."""
         return index - sum(1 for ours in self.ours if ours < index)
@@ -92,27 +103,15 @@ class MessagesFilter(CallFilter):
     def event(self, data: dict[str, Any]) -> dict[str, Any] | None:
         if "index" not in data:
             return data
-        index = data["index"]
-        block = data.get("content_block") or {}
-        if data.get("type") == "content_block_start" and block.get("name") == self.name:
-            self.ours.append(index)
-        if index in self.ours:
-            return None
-        shifted = self.shifted(index)
-        return data if shifted == index else {**data, "index": shifted}
+        started = data.get("content_block") if data.get("type") == "content_block_start" else None
+        return self.numbered(data, "index", started)
 
 
 class ResponsesFilter(CallFilter):
     def event(self, data: dict[str, Any]) -> dict[str, Any] | None:
-        item = data.get("item") or {}
-        index = data.get("output_index")
-        if isinstance(index, int):
-            if data.get("type") == "response.output_item.added" and item.get("name") == self.name:
-                self.ours.append(index)
-            if index in self.ours:
-                return None
-            shifted = self.shifted(index)
-            return data if shifted == index else {**data, "output_index": shifted}
+        if isinstance(data.get("output_index"), int):
+            added = data.get("type") == "response.output_item.added"
+            return self.numbered(data, "output_index", data.get("item") if added else None)
         response = data.get("response")
         if not self.ours or not isinstance(response, dict):
             return data
