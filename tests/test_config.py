@@ -52,6 +52,7 @@ store:
   fail_open: false
   max_sessions: 500
   max_branches: 2
+  originals: {{session_bytes: 1048576, total_bytes: 8388608}}
 sessions:
   header: X-Conversation
   policy_header: X-Policy
@@ -109,6 +110,12 @@ policies:
     provider_compaction: serve
     shadow: true
     exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5, cooldown_seconds: 5}}
+    retrieval:
+      enabled: true
+      tool_name: read_back
+      description: Reads a cut output back.
+      max_rounds: 2
+      max_result_chars: 5000
     protect_recent_rounds: 8
     anchors: ['ORD-\\d+']
     layers:
@@ -197,6 +204,8 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert policy.summarizer.request_wait_seconds == 1.5
     assert (policy.exact_count.via, policy.exact_count.margin) == ("count_tokens", 0.2)
     assert policy.exact_count.cooldown_seconds == 5
+    assert policy.retrieval.tool_name == "read_back" and policy.retrieval.max_rounds == 2
+    assert config.store.originals.session_bytes == 1048576
     assert config.policies["cheap"].exact_count.via == "none"
     assert compaction.protect_recent_rounds == 8
     assert compaction.anchors == ("ORD-\\d+",)

@@ -57,6 +57,8 @@ def sections() -> dict[str, dict[str, Any]]:
         "policies": policy,
         "summarizer": defaults(schema.Summarizer),
         "exact_count": defaults(schema.ExactCount),
+        "retrieval": defaults(schema.Retrieval),
+        "originals": defaults(schema.StoredOriginals),
         "routes": defaults(schema.Route),
         "admin": admin | defaults(schema.Dashboard, "dashboard."),
         "compaction_items": defaults(schema.CompactionItems),

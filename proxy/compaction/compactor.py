@@ -18,6 +18,7 @@ import policies
 from policies.memory import memory_candidates
 from proxy.compaction.exact_count import ExactCounts
 from proxy.compaction.forward import Forward
+from proxy.compaction.kept_originals import KeptOriginals
 from proxy.compaction.prepared import Bounded, PreparedSummaries
 from proxy.compaction.summarizer import lock_seconds
 from proxy.compaction.turn import ClientRequest, Turn
@@ -43,6 +44,7 @@ class Compactor:
         digests: MessageDigests | None = None,
         max_branches: int = 4,
         exact_counts: ExactCounts | None = None,
+        kept: KeptOriginals | None = None,
     ) -> None:
         self.sessions = sessions
         self.limits = limits
@@ -51,10 +53,18 @@ class Compactor:
         self.digests = digests or MessageDigests()
         self.max_branches = max_branches
         self.exact_counts = exact_counts  # None: decisions by the estimate alone
+        self.kept = kept  # None: no originals kept, no retrieval tool
 
     async def prepare(self, request: ClientRequest) -> Forward:
         """The request as it goes upstream: unchanged, replayed or compacted."""
         turn = await self._turn(request)
+        forward = await self._prepare(turn)
+        if self.kept is not None:
+            await self.kept.keep(request, turn.originals)
+        return forward
+
+    async def _prepare(self, turn: Turn) -> Forward:
+        request = turn.request
         tokens_before = turn.tokens_before
         entries = self._entries(turn)
         tokens = tokens_before if entries is None else turn.tokens(entries)
@@ -112,6 +122,8 @@ class Compactor:
         turn = await self._turn(request)
         target = max(1, min(turn.budget.target_tokens, previous.tokens_after) // 2)
         forward = await self._compact(turn, previous.tokens_before, None, target)
+        if self.kept is not None:
+            await self.kept.keep(request, turn.originals)
         return dataclasses.replace(forward, can_retry=False)
 
     def calibrate(self, request: ClientRequest, forward: Forward, upstream_tokens: int) -> None:
@@ -138,7 +150,8 @@ class Compactor:
         chain = policies.Chain.of(messages, functools.partial(self.digests, keys=keys))
         fixed = request.dialect.fixed_tokens(request.parsed, limits.counter)
         branch = loaded.state.branch(chain)
-        return Turn(request, limits, budget, fixed, counts, chain, loaded, branch, ratio)
+        kept = None if self.kept is None else await self.kept.load(request)
+        return Turn(request, limits, budget, fixed, counts, chain, loaded, branch, ratio, kept)
 
     @staticmethod
     def _budget(request: ClientRequest, limits: Limits, ratio: float) -> policies.Budget:
@@ -175,8 +188,12 @@ class Compactor:
         request = turn.request
         # A replayed plan says what it said when it was made: its anchors were cut.
         plan = result.plan if result else turn.plan if entries is not None else None
+        if self.kept is None:
+            body, tool = request.body(entries), False
+        else:
+            body, tool = self.kept.body(request, entries, turn.originals)
         return Forward(
-            request.body(entries),
+            body,
             request.key,
             action,
             turn.loaded.store,
@@ -192,6 +209,7 @@ class Compactor:
             shadow=request.shadow,
             ratio=turn.ratio,
             client_compaction=turn.request.client_compaction,
+            retrieval=tool,
         )
 
     async def _compact(

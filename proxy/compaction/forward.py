@@ -4,8 +4,12 @@ the tokens, and the `x-compaction-*` headers that say so."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import policies
+from proxy.compaction.turn import ClientRequest
+from proxy.sessions.activity import Who
+from proxy.sessions.turns import TurnFigures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Forward:
     # The client's own compaction request (`Dialect.client_compaction`): forwarded with the
     # least loss, no summary prepared for it.
     client_compaction: bool = False
+    retrieval: bool = False  # the body carries the retrieval tool, which the proxy answers
 
     @property
     def applied(self) -> str:
@@ -74,3 +79,16 @@ def shown_action(action: str, *, shadow: bool) -> str:
     """The action as headers name it: under shadow mode a would-be action (`shadow-compacted`),
     which no client can take for one done."""
     return f"shadow-{action}" if shadow else action
+
+
+MAX_MODEL_NAME = 128  # characters of a model's name the dashboard keeps (the client names it)
+
+
+def dashboard_turn(request: ClientRequest, forward: Forward) -> tuple[Who, TurnFigures]:
+    """What the dashboard keeps of a turn (`Sessions.observe_turn`)."""
+    model = request.parsed.model[:MAX_MODEL_NAME]
+    who = Who(request.tenant, request.dialect.name, model, request.policy.name, forward.store)
+    action = shown_action(forward.action, shadow=forward.shadow)
+    layers = tuple([decision.layer for decision in forward.decisions]) if forward.decisions else ()
+    sent, forwarded = forward.tokens_before, forward.tokens_after
+    return who, TurnFigures(time.time(), sent, forwarded, *forward.levels, action, layers)

@@ -10,6 +10,7 @@ import policies
 from proxy.config import Policy, Upstream
 from proxy.dialects import CacheBreakpoints, Dialect, Entries, Parsed
 from proxy.models.limits import Limits
+from proxy.sessions.originals import OriginalsIndex, ViewOriginals
 from proxy.sessions.sessions import Loaded, session_key
 from proxy.sessions.state import Branch
 
@@ -33,6 +34,8 @@ class ClientRequest:
     headers: tuple[tuple[str, str], ...] = ()
     # Compaction is computed, stored and reported, but the client's bytes go upstream.
     shadow: bool = False
+    # The session's kept originals as read before compaction (None: not read yet).
+    originals: OriginalsIndex | None = None
 
     # The session's store key (`session_key`), made once: every step of the request uses it.
     key: str = dataclasses.field(init=False)
@@ -76,6 +79,8 @@ class Turn:
     branch: Branch | None
     # The upstream's count of a prompt over the counter's: the budget is scaled by it.
     ratio: float = 1.0
+    # The session's kept originals (None: its policy keeps none, or the store failed).
+    originals: ViewOriginals | None = None
 
     @property
     def plan(self) -> policies.Plan:

@@ -16,6 +16,7 @@ from typing import Any
 import policies
 from proxy.config.checks import check
 from proxy.config.decoder import ConfigError, Path, Source, build, load_yaml
+from proxy.config.retrieval import Retrieval, StoredOriginals
 from proxy.config.schema import (
     DIALECTS,
     DIALECTS_BY_KIND,
@@ -71,9 +72,11 @@ __all__ = [
     "ModelOverride",
     "NoRoute",
     "Policy",
+    "Retrieval",
     "Route",
     "Sessions",
     "Store",
+    "StoredOriginals",
     "Summarizer",
     "Timeouts",
     "Upstream",

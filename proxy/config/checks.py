@@ -54,6 +54,8 @@ def check(config: Config, source: Source) -> None:
             p(("policies", name, "exact_count", "timeout_seconds"), "must be positive")
         if policy.exact_count.cooldown_seconds < 0:
             p(("policies", name, "exact_count", "cooldown_seconds"), "must not be negative")
+        for field, problem in policy.retrieval.problems():
+            p(("policies", name, "retrieval", field), problem)
     if config.default_policy not in config.policies:
         p(("default_policy",), f"names no policy: {config.default_policy!r}")
     _check_routes(config, p)
@@ -176,6 +178,9 @@ def _check_listen_and_store(config: Config, p: Problem) -> None:
         p(("store", "ttl_seconds"), "must be positive")
     if config.store.timeout_seconds <= 0:
         p(("store", "timeout_seconds"), "must be positive")
+    for key in ("session_bytes", "total_bytes"):
+        if getattr(config.store.originals, key) <= 0:
+            p(("store", "originals", key), "must be positive")
     if not config.store.key_prefix or {"{", "}"} & set(config.store.key_prefix):
         # Braces would break the Redis Cluster hash tag that keeps a session's keys together.
         p(("store", "key_prefix"), "must be non-empty and without braces")

@@ -1,7 +1,6 @@
 """The configuration as plain, typed, frozen objects, and how a request is routed by it.
 
-Every key is documented in docs/config.md; the rules no type can say are in `checks.py`.
-"""
+Every key is documented in docs/config.md; the rules no type can say are in `checks.py`."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import policies
+from proxy.config.retrieval import Retrieval, StoredOriginals
 from proxy.config.store_url import masked_url
 from proxy.errors import ProxyError
 
@@ -58,6 +58,7 @@ class Store:
     fail_open: bool = True
     max_sessions: int = 10_000
     max_branches: int = 4
+    originals: StoredOriginals = dataclasses.field(default_factory=StoredOriginals)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +221,7 @@ class Policy:
     # unchanged (a rollout that only observes).
     shadow: bool = False
     exact_count: ExactCount = ExactCount()
+    retrieval: Retrieval = dataclasses.field(default_factory=Retrieval)
     compaction: policies.Policy = dataclasses.field(
         default_factory=policies.Policy, metadata={"flat": True}
     )

@@ -19,7 +19,7 @@ from prometheus_client.utils import INF, floatToGoString
 
 from proxy.errors import APIError
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "RequestLabels"]
+__all__ = ["CONTENT_TYPE_LATEST", "Counter", "Metrics", "RequestLabels"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)

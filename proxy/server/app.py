@@ -16,6 +16,7 @@ import policies
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.exact_count import ExactCounts
 from proxy.compaction.hooks import Hooks
+from proxy.compaction.kept_originals import KeptOriginals, results_kept
 from proxy.compaction.prepared import PreparedSummaries
 from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.compaction.summarizer import Summarizers
@@ -28,6 +29,7 @@ from proxy.models.tokens import configure_offline_encodings
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
 from proxy.observability.worker_metrics import Worker, WorkerMetrics
+from proxy.observability.retrieval_metrics import RetrievalMetrics
 from proxy.server.admin import Admin
 from proxy.server.count_endpoint import CountEndpoint
 from proxy.server.dashboard import dashboard_routes, turn_ledger
@@ -35,10 +37,12 @@ from proxy.server.disconnects import Endpoint, WatchedEndpoint
 from proxy.server.gate import Gate
 from proxy.server.guard import OPENAI, guarded
 from proxy.server.handler import Handler
+from proxy.server.originals_api import OriginalsAPI
 from proxy.server.passthrough import Passthrough, not_found
 from proxy.server.probes import Probes
 from proxy.server.provider_compaction import COMPACT_PATH, ProviderCompaction
 from proxy.server.responses_socket import ResponsesSocket
+from proxy.server.retrieval_rounds import RetrievalRounds
 from proxy.server.tenants import Tenants
 from proxy.server.upgrades import websocket_refusal
 from proxy.sessions.cache_usage import CacheLedger
@@ -60,6 +64,7 @@ class Proxy:
         client: UpstreamClient,
         metrics: Metrics,
     ) -> None:
+        config = results_kept(config)  # the retrieval tool's results out of the layers' reach
         self.config = config
         self.store = store
         self.client = client
@@ -76,6 +81,7 @@ class Proxy:
             self.sessions, summarizers, metrics, Hooks(config.hooks, metrics)
         )
         self.calibration = Calibration(max_sessions)
+        self.kept = kept_originals(config, store)
         self.compactor = Compactor(
             self.sessions,
             self.limits,
@@ -83,6 +89,7 @@ class Proxy:
             self.calibration,
             max_branches=config.store.max_branches,
             exact_counts=ExactCounts(client, self.calibration, metrics, max_sessions),
+            kept=self.kept,
         )
         # The proxy's own headers stop here.
         sessions = config.sessions
@@ -92,8 +99,11 @@ class Proxy:
             drop.add(config.auth.header.lower())
         own = frozenset(drop)
         models = ModelLabels(config, self.limits.catalog)
+        rounds = (
+            None if self.kept is None else RetrievalRounds(self.kept, RetrievalMetrics(metrics))
+        )
         self.handlers = [
-            Handler(d, config, self.tenants, own, client, self.compactor, metrics, models)
+            Handler(d, config, self.tenants, own, client, self.compactor, metrics, models, rounds)
             for d in DIALECTS
         ]
         self.passthrough = Passthrough(config, self.tenants, client, metrics, own)
@@ -114,6 +124,14 @@ class Proxy:
             lambda path, error: by_path.get(path, OPENAI).error_response(error),
         )
         self.probes = Probes(store, self.limits, self.gate, metrics)
+
+
+def kept_originals(config: Config, store: SessionStore) -> KeptOriginals | None:
+    """The sessions' kept originals, when a policy has the retrieval tool (else none kept)."""
+    if not any(policy.retrieval.enabled for policy in config.policies.values()):
+        return None
+    limits = config.store.originals
+    return KeptOriginals(store.originals(limits), limits)
 
 
 def create_app(
@@ -207,6 +225,7 @@ def create_app(
             for h in proxy.handlers
             if isinstance(d := h.dialect, TokenCounting)
         ),
+        *([] if proxy.kept is None else OriginalsAPI(proxy.kept, proxy.tenants, config).routes()),
         route("/v1/{path:path}", proxy.passthrough, ANY),
         Route("/healthz", probes.healthz, methods=["GET"]),
         Route("/readyz", probes.readyz, methods=["GET"]),

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.forward import Forward, shown_action
+from proxy.compaction.forward import Forward, dashboard_turn
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import (
@@ -39,11 +39,10 @@ from proxy.errors import (
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
-from proxy.server.relay import Relay, relayed, whole_response
+from proxy.server.relay import Relay, after, relayed, whole_response
+from proxy.server.retrieval_rounds import RetrievalRounds, Settled, whole_answers
 from proxy.server.tenants import Tenants
-from proxy.sessions.activity import Who
 from proxy.sessions.sessions import session_id
-from proxy.sessions.turns import TurnFigures
 from proxy.upstream.answer import ERROR_BYTES, Unread, UpstreamResponse, read_bounded
 from proxy.upstream.client import CREDENTIAL_HEADERS, UpstreamClient, relayable
 
@@ -52,7 +51,8 @@ log = logging.getLogger("compaction_proxy")
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 _SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
-MAX_MODEL_NAME = 128  # characters of a model's name the dashboard keeps (the client names it)
+_SSE_TYPED = _SSE_NAMES | {"content-type"}
+SSE_TYPE = "text/event-stream; charset=utf-8"
 
 
 class Handler:
@@ -68,6 +68,7 @@ class Handler:
         compactor: Compactor,
         metrics: Metrics,
         models: ModelLabels,
+        rounds: RetrievalRounds | None = None,
     ) -> None:
         self.dialect = dialect
         self.config = config
@@ -76,6 +77,7 @@ class Handler:
         self.compactor = compactor
         self.metrics = metrics
         self.models = models
+        self.rounds = rounds  # None: no policy has the retrieval tool
         # The upstream is asked for an identity body so that `usage` can be read on the way
         # while the bytes are relayed unchanged.
         self.drop_headers = own_headers | {"accept-encoding"}
@@ -89,6 +91,12 @@ class Handler:
         raw = await read_body(request, self.config.listen.max_body_bytes)
         parsed = self.dialect.parse(raw)
         client_request = self.client_request(headers, tenant, parsed)
+        if self.rounds is not None and client_request.policy.retrieval.enabled:
+            restored, index = await self.rounds.restore(client_request)  # hidden rounds back
+            if restored is not None:
+                parsed = self.dialect.parse(restored)
+                client_request = self.client_request(headers, tenant, parsed)
+            client_request = dataclasses.replace(client_request, originals=index)
         upstream = client_request.upstream
         labels = self.labels(client_request)
         forward = await self.compactor.prepare(client_request)
@@ -151,8 +159,21 @@ class Handler:
             chunks = response.chunks(idle)
         self.metrics.upstream_latency.labels(*labels).observe(time.perf_counter() - sent)
 
+        retrieving = forward.retrieval and response.status == 200 and self.rounds is not None
+
+        again = whole_answers(
+            lambda body: send(dataclasses.replace(forward, body=body)), idle, upstream
+        )
+
         if parsed.stream and response.status == 200:
-            body = _after(head, chunks) if head else chunks
+            body = after(head, chunks) if head else chunks
+            if retrieving and self.rounds is not None:
+                held = await self.rounds.hold(client_request, forward.body, body, again)
+                if held.settled is not None:
+                    return self._finish(
+                        client_request, labels, forward, response, b"", overhead, held.settled
+                    )
+                body = held.stream or chunks
             return self._relay(client_request, labels, forward, response, body, overhead)
         try:
             payload = await read_bounded(response, idle, upstream.max_answer_bytes)
@@ -161,6 +182,9 @@ class Handler:
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         if isinstance(payload, Unread):
             return self._pass_on(client_request, labels, forward, payload, overhead, idle)
+        if retrieving and self.rounds is not None:
+            settled = await self.rounds.settle(client_request, forward.body, payload, again)
+            return self._finish(client_request, labels, forward, response, b"", overhead, settled)
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
     def client_request(
@@ -230,12 +254,27 @@ class Handler:
         response: UpstreamResponse,
         payload: bytes,
         overhead: float,
+        settled: Settled | None = None,
     ) -> Response:
+        """The whole answer; with `settled`, after the proxy's own tool calls in it were
+        answered (calibrated by the first upstream answer: the one to the forwarded body)."""
         response.release()
+        status = response.status if settled is None else settled.status
+        if settled is not None:
+            payload = settled.payload
         if response.status == 200:
-            self._calibrate(request, labels, forward, self.dialect.usage(payload))
-        self._count(request, labels, forward, response.status)
-        return whole_response(payload, response.status, self._headers(forward, response, overhead))
+            first = payload if settled is None else settled.first
+            self._calibrate(request, labels, forward, self.dialect.usage(first))
+        self._count(request, labels, forward, status)
+        headers = self._headers(forward, response, overhead)
+        if settled is not None:
+            headers.append(("x-compaction-retrievals", str(settled.retrievals)))
+            if request.parsed.stream:  # the events written whole, or the error of a round
+                sse = status == 200
+                headers = [h for h in headers if h[0].lower() not in _SSE_TYPED]
+                headers += SSE_HEADERS if sse else []
+                headers.append(("content-type", SSE_TYPE if sse else "application/json"))
+        return whole_response(payload, status, headers)
 
     async def _stream_head(
         self,
@@ -336,7 +375,7 @@ class Handler:
     ) -> None:
         turns = self.compactor.sessions.turns
         if turns is not None:  # the dashboard is on
-            turns.observe(request.key, *_turn(request, forward))
+            turns.observe(request.key, *dashboard_turn(request, forward))
         self.metrics.answered(labels.dialect, status, labels)
         self.metrics.forwarded(labels, forward.applied, forward.tokens_before, forward.tokens_sent)
         if forward.shadow:
@@ -357,20 +396,3 @@ class Handler:
                 "decisions": [dataclasses.asdict(d) for d in forward.decisions],
             },
         )
-
-
-def _turn(request: ClientRequest, forward: Forward) -> tuple[Who, TurnFigures]:
-    """What the dashboard keeps of a turn (`Sessions.observe_turn`)."""
-    model = request.parsed.model[:MAX_MODEL_NAME]
-    who = Who(request.tenant, request.dialect.name, model, request.policy.name, forward.store)
-    action = shown_action(forward.action, shadow=forward.shadow)
-    layers = tuple([decision.layer for decision in forward.decisions]) if forward.decisions else ()
-    sent, forwarded = forward.tokens_before, forward.tokens_after
-    return who, TurnFigures(time.time(), sent, forwarded, *forward.levels, action, layers)
-
-
-async def _after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """`head`, then `chunks`: the bytes read ahead of the relay go out first."""
-    yield head
-    async for chunk in chunks:
-        yield chunk

@@ -119,3 +119,10 @@ def whole_response(payload: bytes, status: int, headers: list[tuple[str, str]]) 
     out.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in headers]
     out.raw_headers.append((b"content-length", str(len(payload)).encode()))
     return out
+
+
+async def after(head: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`head`, then `chunks`: the bytes read ahead of the relay go out first."""
+    yield head
+    async for chunk in chunks:
+        yield chunk

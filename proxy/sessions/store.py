@@ -4,10 +4,9 @@
 Cluster, or a master behind Sentinels); both pass one contract suite (tests/test_store.py).
 Keys are `proxy.sessions.session_key` hashes, so raw client input never reaches the store,
 and the Redis keys of one session share a Redis Cluster hash tag. Beside its state, a
-session's record keeps the figures of its turns (`turns.StoredTurns`), which the dashboard
-reads and a request never does, and the session has a row in the index of recent sessions
-(`recent`). Every failure to answer is `StoreUnavailable`.
-"""
+session's record keeps the figures of its turns (`turns.StoredTurns`), the session has a
+row in the index of recent sessions (`recent`) and its elided originals (`originals`).
+Every failure to answer is `StoreUnavailable`."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from proxy.config.store_url import InvalidStoreURL, parse_store_url
 from proxy.errors import StoreUnavailable
 from proxy.sessions import recent
 from proxy.sessions import redis_scripts as scripts
+from proxy.sessions.originals import MemoryOriginals, Originals, RedisOriginals, StoredOriginals
 from proxy.sessions.recent import Listing, MemoryRecent, RedisRecent
 from proxy.sessions.redis_clients import connect
 from proxy.sessions.turns import NO_TURNS, StoredTurns, TurnCounts
@@ -88,6 +88,7 @@ class SessionStore(Protocol):
     async def ping(self) -> bool: ...
 
     async def close(self) -> None: ...
+    def originals(self, limits: StoredOriginals) -> Originals: ...
 
 
 def open_store(
@@ -224,6 +225,9 @@ class MemoryStore:
 
     async def ping(self) -> bool:
         return True
+
+    def originals(self, limits: StoredOriginals) -> Originals:
+        return MemoryOriginals(ttl_seconds=self._ttl, limits=limits)
 
     async def close(self) -> None:
         return None
@@ -369,6 +373,9 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._connected.close()
+
+    def originals(self, limits: StoredOriginals) -> Originals:
+        return RedisOriginals(self._redis, self._prefix, self._ttl_ms, self._run, limits)
 
 
 def _record(version: Any, data: Any) -> Record | None:

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from tests.fakes.base import Scripted
 from tests.fakes.openai.common import (
     PARSE_ERROR,
+    ApiError,
     bad,
     call_id,
     content_tokens,
@@ -212,6 +214,22 @@ def _tool_reply(body: Mapping[str, Any], raw: bytes, encoding: str) -> _Reply:
     return _Reply(None, [call], "tool_calls", tokens)
 
 
+def _scripted_reply(
+    body: Mapping[str, Any], scripted: Scripted, raw: bytes, encoding: str, limit: int
+) -> _Reply:
+    """The script's answer: a call of the request's tool it names, else its text."""
+    if scripted.tool is None:
+        return _text_reply(scripted.text, encoding, limit)
+    names = [t["function"]["name"] for t in body.get("tools") or [] if t.get("type") == "function"]
+    if scripted.tool not in names:
+        raise ApiError(500, f"the script called {scripted.tool!r}, not among the request's tools")
+    arguments = orjson.dumps(scripted.arguments).decode()
+    function = {"name": scripted.tool, "arguments": arguments}
+    call = {"id": call_id(raw), "type": "function", "function": function}
+    tokens = count_text(scripted.tool, encoding) + count_text(arguments, encoding)
+    return _Reply(scripted.text or None, [call], "tool_calls", tokens)
+
+
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
@@ -303,6 +321,8 @@ async def handle(
     forced = choice == "required" or isinstance(choice, dict)
     if is_summary_request(request.headers, body):
         reply = _text_reply(await up.summarize(body), encoding, limit)
+    elif up.script is not None and (scripted := up.script(request.headers, body)) is not None:
+        reply = _scripted_reply(body, scripted, raw, encoding, limit)
     elif body.get("tools") and choice != "none" and ("tool-call" in behaviors or forced):
         reply = _tool_reply(body, raw, encoding)
     else:
