@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies
@@ -19,12 +19,9 @@ from proxy.errors import InvalidRequest
 from proxy.models.limits import ModelLimits
 from proxy.tools.cli import main
 from proxy.upstream.litellm_setup import check_providers
-from proxy.upstream.litellm_transport import (
-    IGNORED_FIELDS,
-    REQUEST_FIELDS,
-    LiteLLMTransport,
-    cache_marked,
-)
+from proxy.upstream.litellm_chat import cache_marked
+from proxy.upstream.litellm_transport import ROUTES, LiteLLMTransport
+from tests.conftest import examples
 from tests.conversations import words
 from tests.litellm_fakes import python
 
@@ -191,25 +188,45 @@ def test_a_config_without_litellm_does_not_import_it() -> None:
 TRANSPORT = LiteLLMTransport(loads(CLAUDE + "    api_key: k\n"), policies.HEADINGS)
 UPSTREAM = TRANSPORT.config.upstreams["claude"]
 FIXED = {"model", "api_key", "api_base", "timeout", "num_retries", "max_retries", "drop_params"}
-names = st.sampled_from(sorted(REQUEST_FIELDS | IGNORED_FIELDS)) | st.text(min_size=1, max_size=12)
 values = st.none() | st.booleans() | st.integers(0, 10) | st.text(max_size=5)
+# Each API's conversation, and what the proxy itself adds for it.
+CONVERSATIONS = {
+    "/chat/completions": ("messages", set()),
+    "/messages": ("messages", set()),
+    "/responses": ("input", {"store", "cache_control_injection_points"}),
+}
+# The output cap each API names, and whether the proxy fills it in from the reserved output.
+CAPS = {
+    "/chat/completions": "max_tokens",
+    "/messages": "max_tokens",
+    "/responses": "max_output_tokens",
+}
 
 
-@given(st.dictionaries(names, values, max_size=8), st.none() | st.integers(1, 9000))
-def test_only_chat_completions_fields_reach_litellm(fields: dict[str, Any], reserved: Any) -> None:
-    body = {**fields, "model": "claude-small", "messages": [{"role": "user", "content": "hi"}]}
+@pytest.mark.parametrize("path", sorted(ROUTES))
+@given(data=st.data(), reserved=st.none() | st.integers(1, 9000))
+@settings(max_examples=examples(60))
+def test_only_the_apis_own_fields_reach_litellm(path: str, data: Any, reserved: Any) -> None:
+    route = ROUTES[path]
+    conversation, added = CONVERSATIONS[path]
+    names = st.sampled_from(sorted(route.fields | route.ignored)) | st.text(min_size=1, max_size=12)
+    fields = data.draw(st.dictionaries(names, values, max_size=8))
+    body = {**fields, "model": "claude-small", conversation: [{"role": "user", "content": "hi"}]}
     try:
-        arguments = TRANSPORT.arguments(UPSTREAM, orjson.dumps(body), reserved)
+        arguments = TRANSPORT.arguments(route, UPSTREAM, orjson.dumps(body), reserved)
     except InvalidRequest as exc:
-        unknown = set(body) - REQUEST_FIELDS - IGNORED_FIELDS
+        unknown = set(body) - route.fields - route.ignored - {"model"}
         assert unknown and sorted(unknown)[0] in exc.message
         return
-    assert set(arguments) <= REQUEST_FIELDS | PROVIDER_PARAMS | FIXED
+    assert set(arguments) <= route.fields | PROVIDER_PARAMS | FIXED | added
+    assert not set(arguments) & (route.ignored - added)
     assert arguments["model"] == "anthropic/claude-small" and arguments["api_key"] == "k"
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None and reserved:
-        assert arguments["max_tokens"] == reserved
+    cap = CAPS[path]
+    uncapped = body.get(cap) is None and body.get("max_completion_tokens") is None
+    if uncapped and (reserved or path == "/messages"):
+        assert arguments[cap] == (reserved or 4096)
     else:
-        assert arguments.get("max_tokens") == body.get("max_tokens")
+        assert arguments.get(cap) == body.get(cap)
 
 
 roles = st.sampled_from(["user", "assistant", "tool", "system"])

@@ -1,0 +1,88 @@
+"""Anthropic Messages through litellm: `litellm.anthropic_messages`, which passes the request
+to providers that speak Messages (Anthropic, Bedrock, Vertex AI) and translates it to chat
+completions for the others; its answer as Anthropic's `message`, its stream as Anthropic's
+events (`message_start` ... `message_stop`), errors in Anthropic's shape.
+
+A prompt over the window comes back as Anthropic words it ("prompt is too long: ..."), so that
+the request path sees an overflow and retries compacted harder, as for an upstream of kind
+anthropic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from proxy.dialects.anthropic.messages import OVERFLOW, anthropic_error_body
+from proxy.errors import APIError, ContextLengthExceeded
+from proxy.upstream.litellm_answers import Grammar
+
+
+def _error_body(error: APIError) -> bytes:
+    if isinstance(error, ContextLengthExceeded) and not error.message.startswith(OVERFLOW):
+        error = ContextLengthExceeded(f"{OVERFLOW[0]}: {error.message}")
+    return anthropic_error_body(error)
+
+
+def _stream_error(error: APIError) -> bytes:
+    return b"event: error\ndata: " + _error_body(error) + b"\n\n"
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One event of a stream whose events are named by their `type` (Messages, Responses)."""
+    return (
+        b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    )
+
+
+class MessagesRoute:
+    """`POST /messages` to `litellm.anthropic_messages`."""
+
+    grammar = Grammar(_error_body, _stream_error)
+    # The fields of a Messages request litellm passes on or translates; any other gets a 400.
+    fields = frozenset(
+        {
+            *("messages", "system", "max_tokens", "tools", "tool_choice", "stream"),
+            *("temperature", "top_p", "top_k", "stop_sequences", "thinking", "output_config"),
+        }
+    )
+    # Accepted and not passed on: Claude Code's `metadata` (its session), and its beta
+    # `context_management` edits, which the proxy's own compaction stands for.
+    ignored = frozenset({"metadata", "context_management", "service_tier", "speed"})
+
+    def shaped(
+        self,
+        arguments: dict[str, Any],
+        reserved_output: int | None,
+        marks: bool,
+        headings: tuple[str, ...],
+    ) -> dict[str, Any]:
+        # The API requires max_tokens; a body without one is sent with the output reserved.
+        if arguments.get("max_tokens") is None:
+            arguments["max_tokens"] = reserved_output or 4096
+        # Cache breakpoints are the client's, or the policy's (`cache_breakpoints`), in the
+        # request as the dialect rendered it: litellm passes them on.
+        return arguments
+
+    def call(self, litellm: Any, arguments: dict[str, Any]) -> Any:
+        return litellm.anthropic_messages(**arguments)
+
+    def whole(self, answer: Any) -> bytes:
+        data = answer if isinstance(answer, dict) else answer.model_dump(exclude_none=True)
+        return orjson.dumps({k: v for k, v in data.items() if k != "provider_specific_fields"})
+
+    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]:
+        return _encode
+
+
+def _encode(chunk: Any) -> bytes | None:
+    """litellm yields the stream's SSE bytes (passed through, or written by its translation
+    from chat completions), or events as mappings."""
+    if isinstance(chunk, bytes | bytearray):
+        return bytes(chunk)
+    if isinstance(chunk, str):
+        return chunk.encode()
+    event = chunk if isinstance(chunk, dict) else chunk.model_dump(exclude_none=True)
+    return sse_event(event)

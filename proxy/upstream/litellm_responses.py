@@ -1,0 +1,166 @@
+"""The Responses API through litellm: `litellm.aresponses`, which calls OpenAI's Responses API
+and reaches the other providers through its translation to chat completions; its answer as
+OpenAI's `response`, its stream as the API's events (`response.created` ...
+`response.completed`), errors in OpenAI's shape.
+
+What litellm's translation writes is made what the API's clients parse: a reasoning item
+carries its text as `summary` (litellm writes it as an assistant message's `content` in the
+final response), and carries the provider's signed thinking in `encrypted_content` in
+`response.output_item.done` too (litellm only puts it in `response.completed`, which Codex
+does not read items from). Sent back, `encrypted_content` is how litellm restores Anthropic's
+thinking blocks with their signatures, which Anthropic requires in a tool loop with thinking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from proxy.dialects.openai.shared import openai_error_body
+from proxy.errors import APIError
+from proxy.upstream.litellm_answers import Grammar
+from proxy.upstream.litellm_messages import sse_event
+
+# litellm's own additions to the API's objects.
+_EXTRAS = ("provider_specific_fields", "hidden_params", "_hidden_params")
+
+
+def _stream_error(error: APIError) -> bytes:
+    """`response.failed`, as the API ends a stream it could not finish (with the code the
+    request path reads an overflow by)."""
+    failed = {"message": error.message, "code": error.code or error.error_type}
+    response = {"object": "response", "status": "failed", "error": failed, "output": []}
+    return sse_event({"type": "response.failed", "response": response})
+
+
+class ResponsesRoute:
+    """`POST /responses` to `litellm.aresponses`."""
+
+    grammar = Grammar(openai_error_body, _stream_error)
+    # The fields of a Responses request litellm passes on or translates; any other gets a 400
+    # (`previous_response_id` too: a provider behind the translation keeps no responses).
+    fields = frozenset(
+        {
+            *("input", "instructions", "tools", "tool_choice", "parallel_tool_calls"),
+            *("reasoning", "include", "max_output_tokens", "temperature", "top_p", "text"),
+            *("stream", "truncation", "user"),
+        }
+    )
+    # Accepted and not passed on: OpenAI's storage and routing bookkeeping, Codex's metadata.
+    # Nothing is stored: the client sends its whole input each time.
+    ignored = frozenset(
+        {"store", "metadata", "prompt_cache_key", "service_tier", "client_metadata"}
+        | {"safety_identifier", "stream_options"}
+    )
+
+    def shaped(
+        self,
+        arguments: dict[str, Any],
+        reserved_output: int | None,
+        marks: bool,
+        headings: tuple[str, ...],
+    ) -> dict[str, Any]:
+        arguments["store"] = False
+        if arguments.get("max_output_tokens") is None and reserved_output:
+            # As for chat completions: providers that require a cap count it in the window.
+            arguments["max_output_tokens"] = reserved_output
+        if marks:
+            # The instructions and the turns before the last message: the stable prefix.
+            arguments["cache_control_injection_points"] = [
+                {"location": "message", "role": "system"},
+                {"location": "message", "index": -2},
+            ]
+        return arguments
+
+    def call(self, litellm: Any, arguments: dict[str, Any]) -> Any:
+        return litellm.aresponses(**arguments)
+
+    def whole(self, answer: Any) -> bytes:
+        return orjson.dumps(_response(answer.model_dump(exclude_none=True)))
+
+    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]:
+        return ResponsesEvents(stream).encode
+
+
+class ResponsesEvents:
+    """The events of one of litellm's Responses streams, as the API writes them."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def encode(self, chunk: Any) -> bytes | None:
+        event = chunk if isinstance(chunk, dict) else chunk.model_dump(exclude_none=True)
+        item = event.get("item")
+        if isinstance(item, dict):
+            item = event["item"] = _item(item)
+            if (
+                event.get("type") == "response.output_item.done"
+                and item.get("type") == "reasoning"
+                and not item.get("encrypted_content")
+            ):
+                signed = signed_thinking(
+                    getattr(self._stream, "collected_chat_completion_chunks", ())
+                )
+                if signed:
+                    item["encrypted_content"] = signed
+        response = event.get("response")
+        if isinstance(response, dict):
+            event["response"] = _response(response)
+        return sse_event(event)
+
+
+def signed_thinking(chunks: Any) -> str | None:
+    """The thinking blocks of the chat completion chunks streamed so far, each whole with its
+    signature, as litellm writes them in a reasoning item's `encrypted_content` (and reads them
+    back from it); None when no block is signed."""
+    blocks: dict[int, dict[str, Any]] = {}
+    for chunk in chunks or ():
+        data = chunk if isinstance(chunk, dict) else chunk.model_dump()
+        for choice in data.get("choices") or ():
+            delta = choice.get("delta") or {}
+            for part in delta.get("thinking_blocks") or ():
+                index = part.get("index", len(blocks))
+                block = blocks.setdefault(index, {"type": part.get("type")})
+                if part.get("thinking"):
+                    block["thinking"] = block.get("thinking", "") + part["thinking"]
+                for key in ("signature", "data"):
+                    if part.get(key):
+                        block[key] = part[key]
+    signed = [
+        {"type": "thinking", "thinking": b.get("thinking", ""), "signature": b["signature"]}
+        if b["type"] == "thinking"
+        else {"type": "redacted_thinking", "data": b["data"]}
+        for _, b in sorted(blocks.items())
+        if b.get("signature") or b.get("data")
+    ]
+    return orjson.dumps(signed).decode() if signed else None
+
+
+def _response(response: dict[str, Any]) -> dict[str, Any]:
+    """A `response` object without litellm's additions, its output items as the API's."""
+    response = {k: v for k, v in response.items() if k not in _EXTRAS}
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        response["usage"] = {k: v for k, v in usage.items() if k != "cost"}
+    output = response.get("output")
+    if isinstance(output, list):
+        response["output"] = [_item(i) if isinstance(i, dict) else i for i in output]
+    return response
+
+
+def _item(item: dict[str, Any]) -> dict[str, Any]:
+    """An output item as the API writes it: a reasoning item's text as its `summary`."""
+    item = {k: v for k, v in item.items() if k not in _EXTRAS}
+    if item.get("type") != "reasoning":
+        return item
+    item.pop("role", None)
+    content = item.get("content") or []
+    written = [p for p in content if isinstance(p, dict) and p.get("type") == "output_text"]
+    if written:  # litellm's, not the API's reasoning_text parts
+        del item["content"]
+    if not item.get("summary"):
+        texts = [p["text"] for p in written if p.get("text")]
+        item["summary"] = [{"type": "summary_text", "text": t} for t in texts]
+    return item
