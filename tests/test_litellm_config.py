@@ -18,8 +18,8 @@ from proxy.config import PROVIDER_PARAMS, ConfigError, loads
 from proxy.errors import InvalidRequest
 from proxy.models.limits import ModelLimits
 from proxy.tools.cli import main
-from proxy.upstream.litellm_setup import check_providers
 from proxy.upstream.litellm_chat import cache_marked
+from proxy.upstream.litellm_setup import check_providers
 from proxy.upstream.litellm_transport import ROUTES, LiteLLMTransport
 from tests.conftest import examples
 from tests.conversations import words
