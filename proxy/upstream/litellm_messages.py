@@ -10,6 +10,7 @@ anthropic.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -67,7 +68,7 @@ class MessagesRoute:
         return arguments
 
     def call(self, litellm: Any, arguments: dict[str, Any]) -> Any:
-        return litellm.anthropic_messages(**arguments)
+        return litellm.anthropic_messages(**chat_thinking(litellm, arguments))
 
     def whole(self, answer: Any) -> bytes:
         data = answer if isinstance(answer, dict) else answer.model_dump(exclude_none=True)
@@ -75,6 +76,29 @@ class MessagesRoute:
 
     def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]:
         return _encode
+
+
+def chat_thinking(litellm: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` with thinking `enabled` for OpenAI's provider as adaptive thinking at the
+    effort its budget stands for: litellm sends the first to OpenAI's Responses API whatever
+    `use_chat_completions_url_for_anthropic_messages` says (a chat-only server answers 404),
+    the second as chat completions' `reasoning_effort`."""
+    thinking = arguments.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return arguments
+    try:
+        provider = litellm.get_llm_provider(arguments["model"])[1]
+    except Exception:  # litellm's to say, on the call itself
+        return arguments
+    if provider != "openai":
+        return arguments
+    efforts = importlib.import_module("litellm.litellm_core_utils.reasoning_effort_utils")
+    effort = efforts.reasoning_effort_from_thinking_silently(thinking, drop_params=True)
+    given = arguments.get("output_config")
+    output = dict(given) if isinstance(given, dict) else {}
+    if effort:
+        output.setdefault("effort", effort)
+    return {**arguments, "thinking": {"type": "adaptive"}, "output_config": output}
 
 
 def _encode(chunk: Any) -> bytes | None:

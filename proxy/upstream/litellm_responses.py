@@ -25,6 +25,7 @@ from proxy.upstream.litellm_messages import sse_event
 
 # litellm's own additions to the API's objects.
 _EXTRAS = ("provider_specific_fields", "hidden_params", "_hidden_params")
+_EPHEMERAL = {"type": "ephemeral"}
 
 
 def _stream_error(error: APIError) -> bytes:
@@ -66,11 +67,12 @@ class ResponsesRoute:
         if arguments.get("max_output_tokens") is None and reserved_output:
             # As for chat completions: providers that require a cap count it in the window.
             arguments["max_output_tokens"] = reserved_output
-        if marks:
-            # The instructions and the turns before the last message: the stable prefix.
+        given = arguments.get("input")
+        if marks and isinstance(given, list):
+            # litellm carries an item's `cache_control` to the provider's block.
+            arguments["input"] = cache_marked_input(given, headings)
             arguments["cache_control_injection_points"] = [
-                {"location": "message", "role": "system"},
-                {"location": "message", "index": -2},
+                {"location": "message", "role": "system"}
             ]
         return arguments
 
@@ -136,6 +138,52 @@ def signed_thinking(chunks: Any) -> str | None:
         if b.get("signature") or b.get("data")
     ]
     return orjson.dumps(signed).decode() if signed else None
+
+
+def cache_marked_input(items: list[Any], headings: tuple[str, ...]) -> list[Any]:
+    """`items` marked for the provider's prompt cache (the instructions are marked apart): the
+    compaction header (summary, digest, anchors), which stays as later turns come; the item
+    before the model's last output, whose prefix the next request replays even where the
+    provider leaves out earlier thinking (Anthropic keeps only the last turn's); and the last
+    item, whose prompt the next request finds in the cache (the provider looks back from its
+    breakpoint), as Claude Code marks its requests."""
+    headers = [i for i, item in enumerate(items) if _text(item).startswith(headings)]
+    outputs = [i for i, item in enumerate(items) if _is_output(item)]
+    start = outputs[-1] if outputs else 0
+    while start > 0 and _is_output(items[start - 1]):
+        start -= 1
+    marks = {*headers[:1], len(items) - 1, *([start - 1] if start > 0 else [])}
+    return [_marked(item) if i in marks else item for i, item in enumerate(items)]
+
+
+def _is_output(item: Any) -> bool:
+    """An item the model wrote: a message of its own, its reasoning, a call."""
+    if not isinstance(item, dict):
+        return False
+    kind = item.get("type")
+    calls = isinstance(kind, str) and kind.endswith("_call")
+    return item.get("role") == "assistant" or kind == "reasoning" or calls
+
+
+def _text(item: Any) -> str:
+    content = item.get("content") if isinstance(item, dict) else None
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        content = content[0].get("text")
+    return content if isinstance(content, str) else ""
+
+
+def _marked(item: Any) -> Any:
+    if not isinstance(item, dict):
+        return item
+    content = item.get("content")
+    if "role" not in item or not content:  # a call, its output...: marked whole
+        return {**item, "cache_control": _EPHEMERAL}
+    if isinstance(content, str):
+        kind = "output_text" if item["role"] == "assistant" else "input_text"
+        content = [{"type": kind, "text": content}]
+    if not isinstance(content, list) or not isinstance(content[-1], dict):
+        return item
+    return {**item, "content": [*content[:-1], {**content[-1], "cache_control": _EPHEMERAL}]}
 
 
 def _response(response: dict[str, Any]) -> dict[str, Any]:
