@@ -159,9 +159,17 @@ def test_windows_are_looked_up_under_the_providers_name() -> None:
     assert limits.limits("sonnet").window == config.default_context_window
 
 
-def test_the_documented_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "heading",
+    [
+        "A worked example per provider family:",
+        "**Claude Code on another provider**",
+        "**Codex on Claude.**",
+    ],
+)
+def test_the_documented_examples_are_valid(monkeypatch: pytest.MonkeyPatch, heading: str) -> None:
     docs = (ROOT / "docs/config.md").read_text()
-    example = docs.split("A worked example per provider family:")[1].split("```yaml\n")[1]
+    example = docs.split(heading)[1].split("```yaml\n")[1]
     example = example.split("```")[0]
     for name in set(re.findall(r"\$\{([A-Z_]+)\}", example)):
         monkeypatch.setenv(name, f"value-of-{name.lower()}")

@@ -20,7 +20,7 @@ import yaml
 from proxy.config import loads
 from tests.claude_loop import MODEL as LOOP_MODEL
 from tests.claude_loop import ClaudeLoop
-from tests.codex import SHELL
+from tests.codex import SHELL, SocketCodex
 from tests.conftest import metric
 from tests.conversations import words
 from tests.fakes.anthropic import FakeAnthropic
@@ -380,3 +380,19 @@ def test_responses_answer_text_with_usage(responses: OnClaude) -> None:
     assert answer.usage is not None and answer.usage.input_tokens > 0
     (request,) = up.requests
     assert request.json["max_tokens"] == 300
+
+
+def test_codex_over_the_websocket_on_claude(responses: OnClaude) -> None:
+    """Codex's built-in provider holds its session over a WebSocket, each request continuing
+    the last response: the proxy sends the whole history through litellm each time."""
+    with SocketCodex(responses.proxy.url, responses.up, model=CLAUDE) as codex:  # type: ignore[arg-type]
+        codex.said("Run the tests.")
+        for turn in range(6):
+            sent = codex.send(reasoning={"effort": "low"})
+            assert sent.status == 200
+            calls = [i for i in sent.output if i["type"] == "function_call"]
+            reasoning = [i for i in sent.output if i["type"] == "reasoning"]
+            assert calls and reasoning and reasoning[0]["encrypted_content"]
+            codex.answer(f"FILE-{turn:03d}: {words(300, turn)}")
+    assert responses.up.rejected == 0
+    assert len(responses.up.requests) == 6
