@@ -19,6 +19,7 @@ from proxy.errors import InvalidRequest
 from proxy.models.limits import ModelLimits
 from proxy.tools.cli import main
 from proxy.upstream.litellm_chat import cache_marked
+from proxy.upstream.litellm_responses import cache_marked_input
 from proxy.upstream.litellm_setup import check_providers
 from proxy.upstream.litellm_transport import ROUTES, LiteLLMTransport
 from tests.conftest import examples
@@ -257,3 +258,60 @@ def test_cache_marks_go_on_the_stable_prefix_only(messages: list[Any], header_at
     expected = set(assistants[-1:]) | set(headers[:1])
     assert set(indices) == expected
     assert [{k: v for k, v in m.items() if k != "cache_control"} for m in marked] == messages
+
+
+items = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "developer"]),
+            "content": st.sampled_from(["a", "b"]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant"]),
+            "content": st.just([{"type": "input_text", "text": "c"}]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["function_call", "reasoning"]), "call_id": st.just("x")}
+    ),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "output": st.just("ok")}),
+)
+
+
+@given(st.lists(items, max_size=12), st.integers(0, 12))
+@settings(max_examples=examples(100))
+def test_responses_cache_marks_at_most_three_items_the_last_one_among_them(
+    given_items: list[Any], header_at: int
+) -> None:
+    from policies.plan import SUMMARY_HEADING
+
+    if header_at < len(given_items):
+        given_items[header_at] = {"role": "user", "content": f"{SUMMARY_HEADING}\n{words(5, 1)}"}
+    before = orjson.dumps(given_items)
+    marked = cache_marked_input(given_items, policies.HEADINGS)
+    assert orjson.dumps(given_items) == before  # the request's own items are untouched
+    flagged = [i for i, item in enumerate(marked) if "cache_control" in orjson.dumps(item).decode()]
+    assert len(flagged) <= 3  # and the instructions: Anthropic's limit of 4
+    assert not given_items or flagged[-1] == len(given_items) - 1
+    headers = [
+        i for i, m in enumerate(given_items) if str(m.get("content")).startswith(SUMMARY_HEADING)
+    ]
+    assert set(headers[:1]) <= set(flagged)
+
+    def unmarked(item: Any) -> Any:
+        item = {k: v for k, v in item.items() if k != "cache_control"}
+        content = item.get("content")
+        if isinstance(content, list):
+            item["content"] = [
+                {k: v for k, v in p.items() if k != "cache_control"} for p in content
+            ]
+        return item
+
+    for original, changed in zip(given_items, marked, strict=True):
+        restored = unmarked(changed)
+        if isinstance(original.get("content"), str) and isinstance(restored.get("content"), list):
+            assert restored["content"][0]["text"] == original["content"]
+        else:
+            assert restored == original

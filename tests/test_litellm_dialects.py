@@ -382,6 +382,36 @@ def test_responses_answer_text_with_usage(responses: OnClaude) -> None:
     assert request.json["max_tokens"] == 300
 
 
+def test_a_failure_mid_stream_ends_the_responses_stream_failed(responses: OnClaude) -> None:
+    """Anthropic overloaded after the stream began: `response.failed` in the Responses
+    grammar, and the connection drops."""
+    up, sdk = responses.up, responses.sdk
+    up.behavior = "error-mid-stream:4"
+    kinds = []
+    with (
+        pytest.raises((openai.APIError, httpx.HTTPError)),
+        sdk.responses.stream(model=CLAUDE, input="Stream a long answer.") as events,
+    ):
+        for event in events:
+            kinds.append(event.type)
+    assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+
+
+def test_a_failure_mid_stream_ends_the_messages_stream_with_an_error(messages: Local) -> None:
+    up, sdk = messages.up, messages.sdk
+    up.behavior = "reset-mid-stream:3"
+    kinds = []
+    with (
+        pytest.raises((anthropic.APIError, httpx.HTTPError)),
+        sdk.messages.stream(
+            model=LOOP_MODEL, max_tokens=200, messages=[{"role": "user", "content": "Stream"}]
+        ) as stream,
+    ):
+        for event in stream:
+            kinds.append(event.type)
+    assert kinds[0] == "message_start" and "message_stop" not in kinds
+
+
 def test_codex_over_the_websocket_on_claude(responses: OnClaude) -> None:
     """Codex's built-in provider holds its session over a WebSocket, each request continuing
     the last response: the proxy sends the whole history through litellm each time."""

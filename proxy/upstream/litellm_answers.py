@@ -1,9 +1,8 @@
 """litellm's answers as an API's bytes: one body (an answer or an error), or a stream relayed
 event by event as litellm yields it, each in the grammar of the client's API.
 
-A `Grammar` says how one API writes its errors, whole and inside a stream, and how its stream
-ends; the routes (chat completions, Messages, Responses) give theirs and the encoder of their
-stream's events.
+A `Grammar` says how one API writes its errors and how its stream ends; the routes (chat
+completions, Messages, Responses) give theirs, and the `Encoder` of each stream's events.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.config import Upstream
 from proxy.errors import APIError, StreamBroken, UpstreamTimeout
@@ -23,13 +22,28 @@ SSE_HEADERS = [("Content-Type", "text/event-stream; charset=utf-8")]
 
 @dataclasses.dataclass(frozen=True)
 class Grammar:
-    """How one API writes an error as a whole body and as a stream's last event, and what
-    ends its stream (chat completions' `data: [DONE]`; nothing for the others, whose last
-    event says it)."""
+    """How one API writes an error as a whole body, and what ends its stream (chat
+    completions' `data: [DONE]`; nothing for the others, whose last event says it)."""
 
     error_body: Callable[[APIError], bytes]
-    stream_error: Callable[[APIError], bytes]
     end: bytes = b""
+
+
+class Encoder(Protocol):
+    """Writes the events of one stream: each of litellm's chunks (None: nothing to send for
+    it), and the event that ends the stream when it fails."""
+
+    def encode(self, chunk: Any) -> bytes | None: ...
+
+    def failed(self, error: APIError) -> bytes: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EventWriter:
+    """An `Encoder` whose events need nothing of the events before them."""
+
+    encode: Callable[[Any], bytes | None]
+    failed: Callable[[APIError], bytes]
 
 
 class Whole:
@@ -60,8 +74,8 @@ class Whole:
 
 
 class Streamed:
-    """litellm's stream as SSE, event by event as litellm yields them (`encode` writes one,
-    None: nothing to send for it)."""
+    """litellm's stream as SSE, event by event as litellm yields them, as `encoder` writes
+    them."""
 
     status = 200
     headers = SSE_HEADERS
@@ -70,13 +84,13 @@ class Streamed:
         self,
         stream: Any,
         first: Any,
-        encode: Callable[[Any], bytes | None],
+        encoder: Encoder,
         grammar: Grammar,
         upstream: Upstream,
     ) -> None:
         self._stream = stream
         self._first = first
-        self._encode = encode
+        self._encoder = encoder
         self._grammar = grammar
         self._upstream = upstream
         self._closing: asyncio.Task[None] | None = None
@@ -85,7 +99,7 @@ class Streamed:
         try:
             chunk = self._first
             while chunk is not None:
-                event = self._encode(chunk)
+                event = self._encoder.encode(chunk)
                 if event:
                     yield event
                 try:
@@ -99,7 +113,7 @@ class Streamed:
                         error: APIError = UpstreamTimeout(f"upstream {name!r}: {reason}")
                     else:
                         reason, error = type(exc).__name__, failure(exc, self._upstream).error
-                    yield self._grammar.stream_error(error)
+                    yield self._encoder.failed(error)
                     raise StreamBroken(reason) from None
             if self._grammar.end:
                 yield self._grammar.end

@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from proxy.dialects.openai.shared import openai_error_body
 from proxy.errors import APIError
-from proxy.upstream.litellm_answers import Grammar
+from proxy.upstream.litellm_answers import EventWriter, Grammar
 
 _ANSWER_FIELDS = ("id", "object", "created", "model", "system_fingerprint", "choices", "usage")
 _EPHEMERAL = {"type": "ephemeral"}
@@ -24,7 +23,7 @@ def _stream_error(error: APIError) -> bytes:
 class ChatRoute:
     """`POST /chat/completions` to `litellm.acompletion`."""
 
-    grammar = Grammar(openai_error_body, _stream_error, b"data: [DONE]\n\n")
+    grammar = Grammar(openai_error_body, b"data: [DONE]\n\n")
     # Chat completions fields litellm translates for the provider; any other gets a 400.
     fields = frozenset(
         {
@@ -93,7 +92,7 @@ class ChatRoute:
                 message.setdefault("content", None)
         return orjson.dumps(body)
 
-    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]:
+    def encoder(self, stream: Any, arguments: dict[str, Any]) -> EventWriter:
         options = arguments.get("stream_options")
         # The usage chunk only when the client asked for it.
         usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -108,7 +107,7 @@ class ChatRoute:
                     return None
             return b"data: " + orjson.dumps(event) + b"\n\n"
 
-        return encode
+        return EventWriter(encode, _stream_error)
 
 
 def cache_marked(messages: list[Any], headings: tuple[str, ...]) -> list[Any]:

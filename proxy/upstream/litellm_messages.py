@@ -11,14 +11,13 @@ anthropic.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from proxy.dialects.anthropic.messages import OVERFLOW, anthropic_error_body
 from proxy.errors import APIError, ContextLengthExceeded
-from proxy.upstream.litellm_answers import Grammar
+from proxy.upstream.litellm_answers import EventWriter, Grammar
 
 
 def _error_body(error: APIError) -> bytes:
@@ -41,7 +40,7 @@ def sse_event(event: dict[str, Any]) -> bytes:
 class MessagesRoute:
     """`POST /messages` to `litellm.anthropic_messages`."""
 
-    grammar = Grammar(_error_body, _stream_error)
+    grammar = Grammar(_error_body)
     # The fields of a Messages request litellm passes on or translates; any other gets a 400.
     fields = frozenset(
         {
@@ -74,8 +73,8 @@ class MessagesRoute:
         data = answer if isinstance(answer, dict) else answer.model_dump(exclude_none=True)
         return orjson.dumps({k: v for k, v in data.items() if k != "provider_specific_fields"})
 
-    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]:
-        return _encode
+    def encoder(self, stream: Any, arguments: dict[str, Any]) -> EventWriter:
+        return EventWriter(_encode, _stream_error)
 
 
 def chat_thinking(litellm: Any, arguments: dict[str, Any]) -> dict[str, Any]:

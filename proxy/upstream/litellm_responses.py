@@ -13,7 +13,6 @@ thinking blocks with their signatures, which Anthropic requires in a tool loop w
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -28,18 +27,10 @@ _EXTRAS = ("provider_specific_fields", "hidden_params", "_hidden_params")
 _EPHEMERAL = {"type": "ephemeral"}
 
 
-def _stream_error(error: APIError) -> bytes:
-    """`response.failed`, as the API ends a stream it could not finish (with the code the
-    request path reads an overflow by)."""
-    failed = {"message": error.message, "code": error.code or error.error_type}
-    response = {"object": "response", "status": "failed", "error": failed, "output": []}
-    return sse_event({"type": "response.failed", "response": response})
-
-
 class ResponsesRoute:
     """`POST /responses` to `litellm.aresponses`."""
 
-    grammar = Grammar(openai_error_body, _stream_error)
+    grammar = Grammar(openai_error_body)
     # The fields of a Responses request litellm passes on or translates; any other gets a 400
     # (`previous_response_id` too: a provider behind the translation keeps no responses).
     fields = frozenset(
@@ -82,8 +73,8 @@ class ResponsesRoute:
     def whole(self, answer: Any) -> bytes:
         return orjson.dumps(_response(answer.model_dump(exclude_none=True)))
 
-    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]:
-        return ResponsesEvents(stream).encode
+    def encoder(self, stream: Any, arguments: dict[str, Any]) -> ResponsesEvents:
+        return ResponsesEvents(stream)
 
 
 class ResponsesEvents:
@@ -91,9 +82,13 @@ class ResponsesEvents:
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
+        self._response: dict[str, Any] = {}  # as response.created gave it
+        self._sequence = -1
 
     def encode(self, chunk: Any) -> bytes | None:
         event = chunk if isinstance(chunk, dict) else chunk.model_dump(exclude_none=True)
+        sequence = event.get("sequence_number")
+        self._sequence = sequence if isinstance(sequence, int) else self._sequence + 1
         item = event.get("item")
         if isinstance(item, dict):
             item = event["item"] = _item(item)
@@ -109,8 +104,21 @@ class ResponsesEvents:
                     item["encrypted_content"] = signed
         response = event.get("response")
         if isinstance(response, dict):
-            event["response"] = _response(response)
+            response = event["response"] = _response(response)
+            if not self._response:
+                self._response = response
         return sse_event(event)
+
+    def failed(self, error: APIError) -> bytes:
+        """`response.failed`, as the API ends a stream it could not finish: the response the
+        stream began, with the error's code (the request path reads an overflow by it)."""
+        failed = {"message": error.message, "code": error.code or error.error_type}
+        kept = ("id", "object", "created_at", "model")
+        response = {k: self._response[k] for k in kept if k in self._response}
+        response |= {"status": "failed", "error": failed, "output": []}
+        self._sequence += 1
+        event = {"type": "response.failed", "response": response}
+        return sse_event(event | {"sequence_number": self._sequence})
 
 
 def signed_thinking(chunks: Any) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -25,7 +24,14 @@ from proxy.config import Config, Upstream
 from proxy.errors import InvalidRequest, NotFound, UpstreamTimeout
 from proxy.upstream.answer import UpstreamResponse
 from proxy.upstream.client import UpstreamClient
-from proxy.upstream.litellm_answers import JSON_HEADERS, Grammar, Streamed, Whole, aclose
+from proxy.upstream.litellm_answers import (
+    JSON_HEADERS,
+    Encoder,
+    Grammar,
+    Streamed,
+    Whole,
+    aclose,
+)
 from proxy.upstream.litellm_chat import ChatRoute
 from proxy.upstream.litellm_errors import failure
 from proxy.upstream.litellm_messages import MessagesRoute
@@ -62,7 +68,7 @@ class Route(Protocol):
 
     def whole(self, answer: Any) -> bytes: ...
 
-    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Callable[[Any], bytes | None]: ...
+    def encoder(self, stream: Any, arguments: dict[str, Any]) -> Encoder: ...
 
 
 ROUTES: dict[str, Route] = {
@@ -146,8 +152,7 @@ class LiteLLMTransport:
         except BaseException:  # cancelled: the client went away
             await aclose(stream)
             raise
-        encode = route.encoder(stream, arguments)
-        return Streamed(stream, first, encode, route.grammar, upstream)
+        return Streamed(stream, first, route.encoder(stream, arguments), route.grammar, upstream)
 
     def arguments(
         self, route: Route, upstream: Upstream, body: bytes, reserved_output: int | None
