@@ -19,6 +19,7 @@ import yaml
 
 from proxy.config import loads
 from tests.claude_loop import MODEL as LOOP_MODEL
+from tests.claude_loop import TOOLS as LOOP_TOOLS
 from tests.claude_loop import ClaudeLoop
 from tests.codex import SHELL, SocketCodex
 from tests.conftest import metric
@@ -426,3 +427,42 @@ def test_codex_over_the_websocket_on_claude(responses: OnClaude) -> None:
             codex.answer(f"FILE-{turn:03d}: {words(300, turn)}")
     assert responses.up.rejected == 0
     assert len(responses.up.requests) == 6
+
+
+@pytest.mark.filterwarnings("ignore:The model 'claude-sonnet-4-5' is deprecated")
+def test_claude_code_on_claude_through_litellm(responses: OnClaude) -> None:
+    """Messages to a provider litellm passes them through to: a tool loop with thinking,
+    streamed and not, its signed thinking sent back each turn; every event parsed."""
+    up = responses.up
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Read the files."}]
+    with anthropic.Anthropic(
+        base_url=responses.proxy.url, api_key="sk-client", max_retries=0
+    ) as sdk:
+        for turn in range(6):
+            fields: dict[str, Any] = {
+                "model": CLAUDE,
+                "max_tokens": 2048,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "tools": LOOP_TOOLS,
+                "messages": history,
+            }
+            if turn % 2:
+                with sdk.messages.stream(**fields) as stream:
+                    kinds = [event.type for event in stream]
+                    message = stream.get_final_message()
+                assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+            else:
+                message = sdk.messages.create(**fields)
+            content = [b.model_dump(mode="json", exclude_none=True) for b in message.content]
+            assert [b["type"] for b in content] == ["thinking", "tool_use"]
+            assert content[0]["signature"] and message.usage.input_tokens > 0
+            history += [
+                {"role": "assistant", "content": content},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": content[1]["id"], "content": "ok"}
+                    ],
+                },
+            ]
+    assert up.rejected == 0 and len(up.requests) == 6

@@ -11,6 +11,7 @@ anthropic.
 from __future__ import annotations
 
 import importlib
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import orjson
@@ -67,7 +68,14 @@ class MessagesRoute:
         return arguments
 
     def call(self, litellm: Any, arguments: dict[str, Any]) -> Any:
-        return litellm.anthropic_messages(**chat_thinking(litellm, arguments))
+        provider = _provider(litellm, arguments["model"])
+        if provider == "openai":
+            arguments = chat_thinking(arguments)
+        if arguments.get("stream") and _passes_through(litellm, arguments["model"], provider):
+            # litellm's pass-through stream needs its proxy's extra (fastapi): the answer is
+            # asked for whole and sent as the API's events.
+            return _streamed(litellm.anthropic_messages(**{**arguments, "stream": False}))
+        return litellm.anthropic_messages(**arguments)
 
     def whole(self, answer: Any) -> bytes:
         data = answer if isinstance(answer, dict) else answer.model_dump(exclude_none=True)
@@ -77,19 +85,13 @@ class MessagesRoute:
         return EventWriter(_encode, _stream_error)
 
 
-def chat_thinking(litellm: Any, arguments: dict[str, Any]) -> dict[str, Any]:
-    """`arguments` with thinking `enabled` for OpenAI's provider as adaptive thinking at the
+def chat_thinking(arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` for OpenAI's provider with thinking `enabled` as adaptive thinking at the
     effort its budget stands for: litellm sends the first to OpenAI's Responses API whatever
     `use_chat_completions_url_for_anthropic_messages` says (a chat-only server answers 404),
     the second as chat completions' `reasoning_effort`."""
     thinking = arguments.get("thinking")
     if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
-        return arguments
-    try:
-        provider = litellm.get_llm_provider(arguments["model"])[1]
-    except Exception:  # litellm's to say, on the call itself
-        return arguments
-    if provider != "openai":
         return arguments
     efforts = importlib.import_module("litellm.litellm_core_utils.reasoning_effort_utils")
     effort = efforts.reasoning_effort_from_thinking_silently(thinking, drop_params=True)
@@ -98,6 +100,66 @@ def chat_thinking(litellm: Any, arguments: dict[str, Any]) -> dict[str, Any]:
     if effort:
         output.setdefault("effort", effort)
     return {**arguments, "thinking": {"type": "adaptive"}, "output_config": output}
+
+
+def _provider(litellm: Any, model: str) -> str | None:
+    try:
+        return str(litellm.get_llm_provider(model)[1])
+    except Exception:  # litellm's to say, on the call itself
+        return None
+
+
+def _passes_through(litellm: Any, model: str, provider: str | None) -> bool:
+    """Whether litellm sends Messages for `model` to the provider as they are (Anthropic,
+    Bedrock's and Vertex AI's Claude) rather than translated to chat completions."""
+    if provider is None:
+        return False
+    utils = importlib.import_module("litellm.utils")
+    name = model.split("/", 1)[-1]
+    found = utils.ProviderConfigManager.get_provider_anthropic_messages_config(
+        model=name, provider=litellm.LlmProviders(provider)
+    )
+    return found is not None
+
+
+async def _streamed(pending: Awaitable[Any]) -> AsyncIterator[dict[str, Any]]:
+    """The events of the message `pending` answers with."""
+    message = await pending
+    return message_events(message if isinstance(message, dict) else message.model_dump())
+
+
+async def message_events(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """A whole Messages answer as the events the API streams it in."""
+    usage = message.get("usage") or {}
+    opening: dict[str, Any] = {"content": [], "stop_reason": None, "stop_sequence": None}
+    yield {"type": "message_start", "message": {**message, **opening}}
+    for index, block in enumerate(message.get("content") or []):
+        start, deltas = _block_events(block)
+        yield {"type": "content_block_start", "index": index, "content_block": start}
+        for delta in deltas:
+            yield {"type": "content_block_delta", "index": index, "delta": delta}
+        yield {"type": "content_block_stop", "index": index}
+    ending = {k: message.get(k) for k in ("stop_reason", "stop_sequence")}
+    yield {"type": "message_delta", "delta": ending, "usage": usage}
+    yield {"type": "message_stop"}
+
+
+def _block_events(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A content block as its opening and its deltas."""
+    kind = block.get("type")
+    if kind == "text":
+        return {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
+    if kind == "tool_use":
+        given = orjson.dumps(block.get("input") or {}).decode()
+        deltas = [{"type": "input_json_delta", "partial_json": given}]
+        return {**block, "input": {}}, deltas
+    if kind == "thinking":
+        deltas = [
+            {"type": "thinking_delta", "thinking": block.get("thinking", "")},
+            {"type": "signature_delta", "signature": block.get("signature", "")},
+        ]
+        return {"type": "thinking", "thinking": "", "signature": ""}, deltas
+    return block, []  # redacted thinking, server tools' blocks: whole at their start
 
 
 def _encode(chunk: Any) -> bytes | None:
