@@ -1,7 +1,8 @@
 """litellm stays offline: from its import to its answers in every API (chat completions,
 Messages, Responses), the only connections a process with an upstream of kind litellm attempts
-are to the configured provider (and the test's own to the proxy). Every attempt is recorded by an audit hook in a fresh process, below any library: each
-`socket.connect` and each name lookup, whether it would have succeeded or not."""
+are to the configured provider (and the test's own to the proxy). Every attempt is recorded by
+an audit hook in a fresh process, below any library: each `socket.connect` and each name
+lookup, whether it would have succeeded or not."""
 
 from __future__ import annotations
 
