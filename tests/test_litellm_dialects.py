@@ -466,3 +466,34 @@ def test_claude_code_on_claude_through_litellm(responses: OnClaude) -> None:
                 },
             ]
     assert up.rejected == 0 and len(up.requests) == 6
+
+
+def sse_names_and_types(url: str, body: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each event of a stream: its SSE name, and the type its data says."""
+    pairs, name = [], ""
+    with httpx.Client(timeout=60) as http, http.stream("POST", url, json=body) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                pairs.append((name, json.loads(line.removeprefix("data: "))["type"]))
+    return pairs
+
+
+def test_responses_events_are_named_by_their_type(responses: OnClaude) -> None:
+    """Through litellm's translation (to Anthropic) and its pass-through (to OpenAI's Responses
+    API, whose events litellm gives with enum types), each SSE event is named by its type."""
+    responses.up.behavior = ""
+    body = {"model": CLAUDE, "input": "Hello", "stream": True}
+    translated = sse_names_and_types(responses.proxy.url + "/v1/responses", body)
+    with (
+        FakeUpstream(windows={"gpt-4o": WINDOW}, api_key=OPENAI_KEY) as up,
+        routed(up, "openai", OPENAI_KEY, "gpt-4o") as proxy,
+    ):
+        body = {"model": "gpt-4o", "input": "Hello", "stream": True}
+        passed = sse_names_and_types(proxy.url + "/v1/responses", body)
+        assert [r.path for r in up.requests] == ["/v1/responses"]
+    for pairs in (translated, passed):
+        assert pairs[0] == ("response.created", "response.created")
+        assert pairs[-1] == ("response.completed", "response.completed")
+        assert all(name == kind for name, kind in pairs)

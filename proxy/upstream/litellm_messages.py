@@ -169,5 +169,5 @@ def _encode(chunk: Any) -> bytes | None:
         return bytes(chunk)
     if isinstance(chunk, str):
         return chunk.encode()
-    event = chunk if isinstance(chunk, dict) else chunk.model_dump(exclude_none=True)
+    event = chunk if isinstance(chunk, dict) else chunk.model_dump(mode="json", exclude_none=True)
     return sse_event(event)

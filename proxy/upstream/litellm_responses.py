@@ -71,7 +71,7 @@ class ResponsesRoute:
         return litellm.aresponses(**arguments)
 
     def whole(self, answer: Any) -> bytes:
-        return orjson.dumps(_response(answer.model_dump(exclude_none=True)))
+        return orjson.dumps(_response(answer.model_dump(mode="json", exclude_none=True)))
 
     def encoder(self, stream: Any, arguments: dict[str, Any]) -> ResponsesEvents:
         return ResponsesEvents(stream)
@@ -86,7 +86,9 @@ class ResponsesEvents:
         self._sequence = -1
 
     def encode(self, chunk: Any) -> bytes | None:
-        event = chunk if isinstance(chunk, dict) else chunk.model_dump(exclude_none=True)
+        event = (
+            chunk if isinstance(chunk, dict) else chunk.model_dump(mode="json", exclude_none=True)
+        )
         sequence = event.get("sequence_number")
         self._sequence = sequence if isinstance(sequence, int) else self._sequence + 1
         item = event.get("item")
