@@ -38,6 +38,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' fakes
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common
 from agent_model import AgentModel, Fact, extractive_summary, make_workspace, task
 from agent_report import Run, print_report, report, save_fixtures, save_traffic
 from common import ROOT, Server, proxy
@@ -139,10 +140,24 @@ CLAUDE = Client(
 CLIENTS = {client.name: client for client in (CODEX, CLAUDE)}
 
 
-def proxy_config(client: Client, fake: Fake) -> str:
+# --via-litellm: each client on the other vendor's API, through an upstream of kind litellm
+# (Codex on Claude, Claude Code on a server with chat completions only): litellm's provider
+# model, and the model the fake serves.
+VIA_LITELLM = {
+    "responses": ("anthropic/claude-sonnet-4-5", "claude-sonnet-4-5"),
+    "messages": ("openai/{model}", None),
+}
+
+
+def proxy_config(client: Client, fake: Fake, via_litellm: bool = False) -> str:
     """The proxy's config: the fake as its one upstream, the client's model at its window."""
     upstream: dict[str, Any] = {"base_url": f"{fake.origin}/v1"}
-    if client.dialect == "messages":
+    if via_litellm:
+        base_url = fake.base_url  # litellm's api_base: the OpenAI fake's has /v1, Anthropic's not
+        provider_model = VIA_LITELLM[client.dialect][0]
+        upstream = {"kind": "litellm", "base_url": base_url, "provider_model": provider_model}
+        upstream["api_key"] = API_KEY
+    elif client.dialect == "messages":
         upstream["kind"] = "anthropic"
     config = {
         "store": {"url": "memory://"},
@@ -157,16 +172,23 @@ def proxy_config(client: Client, fake: Fake) -> str:
 
 @contextlib.contextmanager
 def _servers(
-    client: Client, model: AgentModel, tree: Path | None
+    client: Client, model: AgentModel, tree: Path | None, via_litellm: bool
 ) -> Iterator[tuple[Fake, Server, Recorder]]:
-    script = model.responses if client.dialect == "responses" else model.messages
-    fake = client.fake(
-        windows={client.model: client.window},
-        script=script,
-        summarizer=extractive_summary,
-        signing_key=RECORDING_KEY,  # the fixtures' reasoning and thinking stay verifiable
-    )
-    with fake, proxy(proxy_config(client, fake), tree) as server:
+    served = (via_litellm and VIA_LITELLM[client.dialect][1]) or client.model
+    settings: dict[str, Any] = {
+        "windows": {served: client.window},
+        "summarizer": extractive_summary,
+        "signing_key": RECORDING_KEY,  # the fixtures' reasoning and thinking stay verifiable
+    }
+    if via_litellm and client.dialect == "messages":
+        # Chat completions only; a chat body reads as Messages does.
+        fake: Fake = FakeUpstream(chat_only=True, script=model.messages, **settings)
+    elif via_litellm:
+        fake = FakeAnthropic(script=model.messages, **settings)
+    else:
+        script = model.responses if client.dialect == "responses" else model.messages
+        fake = client.fake(script=script, **settings)
+    with fake, proxy(proxy_config(client, fake, via_litellm), tree) as server:
         origin = server.url.removesuffix("/v1")
         with Recorder(origin) as recorder:
             yield fake, server, recorder
@@ -180,7 +202,7 @@ def run_client(client: Client, args: argparse.Namespace) -> Run:
         facts: list[Fact] = make_workspace(work, args.iterations, SEED)
         subagent = args.subagent_at if client.name == "claude" else None
         model = AgentModel(args.iterations, subagent)
-        with _servers(client, model, args.tree) as (fake, server, recorder):
+        with _servers(client, model, args.tree, args.via_litellm) as (fake, server, recorder):
             environment = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": str(home),
@@ -272,6 +294,11 @@ def main() -> None:
         default=None,
         help="run the proxy of that checkout (a `git worktree` of another commit): a before",
     )
+    parser.add_argument(
+        "--via-litellm",
+        action="store_true",
+        help="Codex on Claude and Claude Code on a chat-completions server, via litellm",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds for one client run")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench/results/agents-e2e.json", help="the JSON report"
@@ -280,6 +307,8 @@ def main() -> None:
         "--fixtures", type=Path, default=None, help="save request bodies of the clients here"
     )
     args = parser.parse_args()
+    if args.via_litellm:  # the proxy imports litellm at start: seconds, tens on a busy machine
+        common.START_TIMEOUT = 120.0
     chosen = list(CLIENTS.values()) if args.client == "all" else [CLIENTS[args.client]]
     if args.model is not None:
         chosen = [dataclasses.replace(client, model=args.model) for client in chosen]

@@ -176,10 +176,13 @@ def _is_output(item: Mapping[str, Any]) -> bool:
 
 
 def messages_turn(body: Mapping[str, Any]) -> Turn:
-    """A Messages request as the model reads it."""
+    """A Messages (or chat completions) request as the model reads it."""
     messages = body.get("messages") or []
     last = max((n for n, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-    tools = frozenset(str(t.get("name")) for t in body.get("tools") or [])
+    # Anthropic's tools, or chat completions' functions: a chat body reads as Messages does.
+    tools = frozenset(
+        str(t.get("name") or t.get("function", {}).get("name")) for t in body.get("tools") or []
+    )
     everything = [body.get("system"), messages]
     return Turn(" ".join(strings(messages[last + 1 :])), " ".join(strings(everything)), tools)
 

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import examples
+from tests.fakes.base import Scripted
 from tests.fakes.openai import (
     ApiError,
     FakeUpstream,
@@ -814,3 +815,48 @@ def test_command_line_serves_until_stopped() -> None:
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+# -- a scripted model and a server without the Responses API --------------------------------------
+
+
+def test_a_script_answers_chat_completions_with_its_calls_and_texts(
+    up: FakeUpstream, client: openai.OpenAI
+) -> None:
+    def script(headers: Any, body: dict[str, Any]) -> Scripted | None:
+        turn = body["messages"][-1]["content"]
+        if turn == "call":
+            return Scripted(tool="get_weather", arguments={"city": "Oslo"})
+        if turn == "missing":
+            return Scripted(tool="get_time")
+        return Scripted(text="All done.") if turn == "text" else None
+
+    def ask(text: str) -> Any:
+        messages = [{"role": "user", "content": text}]
+        return client.chat.completions.create(
+            model="gpt-4o-mini", messages=messages, tools=[WEATHER]
+        )
+
+    up.script = script
+    try:
+        (call,) = ask("call").choices[0].message.tool_calls or []
+        assert call.function.name == "get_weather"
+        assert orjson.loads(call.function.arguments) == {"city": "Oslo"}
+        assert ask("text").choices[0].message.content == "All done."
+        assert (ask("own").choices[0].message.content or "").startswith("Fake reply")
+        with pytest.raises(openai.InternalServerError, match="'get_time', not among"):
+            ask("missing")
+    finally:
+        up.script = None
+
+
+def test_a_chat_only_server_has_no_responses_api() -> None:
+    with (
+        FakeUpstream(chat_only=True) as local,
+        openai.OpenAI(base_url=local.base_url, api_key="sk-test", max_retries=0) as sdk,
+    ):
+        assert sdk.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}]
+        ).choices
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.create(model="gpt-4o-mini", input="Hi")

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies
@@ -18,13 +18,11 @@ from proxy.config import PROVIDER_PARAMS, ConfigError, loads
 from proxy.errors import InvalidRequest
 from proxy.models.limits import ModelLimits
 from proxy.tools.cli import main
+from proxy.upstream.litellm_chat import cache_marked
+from proxy.upstream.litellm_responses import cache_marked_input
 from proxy.upstream.litellm_setup import check_providers
-from proxy.upstream.litellm_transport import (
-    IGNORED_FIELDS,
-    REQUEST_FIELDS,
-    LiteLLMTransport,
-    cache_marked,
-)
+from proxy.upstream.litellm_transport import ROUTES, LiteLLMTransport
+from tests.conftest import examples
 from tests.conversations import words
 from tests.litellm_fakes import python
 
@@ -162,9 +160,17 @@ def test_windows_are_looked_up_under_the_providers_name() -> None:
     assert limits.limits("sonnet").window == config.default_context_window
 
 
-def test_the_documented_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "heading",
+    [
+        "A worked example per provider family:",
+        "**Claude Code on another provider**",
+        "**Codex on Claude.**",
+    ],
+)
+def test_the_documented_examples_are_valid(monkeypatch: pytest.MonkeyPatch, heading: str) -> None:
     docs = (ROOT / "docs/config.md").read_text()
-    example = docs.split("A worked example per provider family:")[1].split("```yaml\n")[1]
+    example = docs.split(heading)[1].split("```yaml\n")[1]
     example = example.split("```")[0]
     for name in set(re.findall(r"\$\{([A-Z_]+)\}", example)):
         monkeypatch.setenv(name, f"value-of-{name.lower()}")
@@ -191,25 +197,45 @@ def test_a_config_without_litellm_does_not_import_it() -> None:
 TRANSPORT = LiteLLMTransport(loads(CLAUDE + "    api_key: k\n"), policies.HEADINGS)
 UPSTREAM = TRANSPORT.config.upstreams["claude"]
 FIXED = {"model", "api_key", "api_base", "timeout", "num_retries", "max_retries", "drop_params"}
-names = st.sampled_from(sorted(REQUEST_FIELDS | IGNORED_FIELDS)) | st.text(min_size=1, max_size=12)
 values = st.none() | st.booleans() | st.integers(0, 10) | st.text(max_size=5)
+# Each API's conversation, and what the proxy itself adds for it.
+CONVERSATIONS = {
+    "/chat/completions": ("messages", set()),
+    "/messages": ("messages", set()),
+    "/responses": ("input", {"store", "cache_control_injection_points"}),
+}
+# The output cap each API names, and whether the proxy fills it in from the reserved output.
+CAPS = {
+    "/chat/completions": "max_tokens",
+    "/messages": "max_tokens",
+    "/responses": "max_output_tokens",
+}
 
 
-@given(st.dictionaries(names, values, max_size=8), st.none() | st.integers(1, 9000))
-def test_only_chat_completions_fields_reach_litellm(fields: dict[str, Any], reserved: Any) -> None:
-    body = {**fields, "model": "claude-small", "messages": [{"role": "user", "content": "hi"}]}
+@pytest.mark.parametrize("path", sorted(ROUTES))
+@given(data=st.data(), reserved=st.none() | st.integers(1, 9000))
+@settings(max_examples=examples(60))
+def test_only_the_apis_own_fields_reach_litellm(path: str, data: Any, reserved: Any) -> None:
+    route = ROUTES[path]
+    conversation, added = CONVERSATIONS[path]
+    names = st.sampled_from(sorted(route.fields | route.ignored)) | st.text(min_size=1, max_size=12)
+    fields = data.draw(st.dictionaries(names, values, max_size=8))
+    body = {**fields, "model": "claude-small", conversation: [{"role": "user", "content": "hi"}]}
     try:
-        arguments = TRANSPORT.arguments(UPSTREAM, orjson.dumps(body), reserved)
+        arguments = TRANSPORT.arguments(route, UPSTREAM, orjson.dumps(body), reserved)
     except InvalidRequest as exc:
-        unknown = set(body) - REQUEST_FIELDS - IGNORED_FIELDS
+        unknown = set(body) - route.fields - route.ignored - {"model"}
         assert unknown and sorted(unknown)[0] in exc.message
         return
-    assert set(arguments) <= REQUEST_FIELDS | PROVIDER_PARAMS | FIXED
+    assert set(arguments) <= route.fields | PROVIDER_PARAMS | FIXED | added
+    assert not set(arguments) & (route.ignored - added)
     assert arguments["model"] == "anthropic/claude-small" and arguments["api_key"] == "k"
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None and reserved:
-        assert arguments["max_tokens"] == reserved
+    cap = CAPS[path]
+    uncapped = body.get(cap) is None and body.get("max_completion_tokens") is None
+    if uncapped and (reserved or path == "/messages"):
+        assert arguments[cap] == (reserved or 4096)
     else:
-        assert arguments.get("max_tokens") == body.get("max_tokens")
+        assert arguments.get(cap) == body.get(cap)
 
 
 roles = st.sampled_from(["user", "assistant", "tool", "system"])
@@ -232,3 +258,60 @@ def test_cache_marks_go_on_the_stable_prefix_only(messages: list[Any], header_at
     expected = set(assistants[-1:]) | set(headers[:1])
     assert set(indices) == expected
     assert [{k: v for k, v in m.items() if k != "cache_control"} for m in marked] == messages
+
+
+items = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "developer"]),
+            "content": st.sampled_from(["a", "b"]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant"]),
+            "content": st.just([{"type": "input_text", "text": "c"}]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["function_call", "reasoning"]), "call_id": st.just("x")}
+    ),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "output": st.just("ok")}),
+)
+
+
+@given(st.lists(items, max_size=12), st.integers(0, 12))
+@settings(max_examples=examples(100))
+def test_responses_cache_marks_at_most_three_items_the_last_one_among_them(
+    given_items: list[Any], header_at: int
+) -> None:
+    from policies.plan import SUMMARY_HEADING
+
+    if header_at < len(given_items):
+        given_items[header_at] = {"role": "user", "content": f"{SUMMARY_HEADING}\n{words(5, 1)}"}
+    before = orjson.dumps(given_items)
+    marked = cache_marked_input(given_items, policies.HEADINGS)
+    assert orjson.dumps(given_items) == before  # the request's own items are untouched
+    flagged = [i for i, item in enumerate(marked) if "cache_control" in orjson.dumps(item).decode()]
+    assert len(flagged) <= 3  # and the instructions: Anthropic's limit of 4
+    assert not given_items or flagged[-1] == len(given_items) - 1
+    headers = [
+        i for i, m in enumerate(given_items) if str(m.get("content")).startswith(SUMMARY_HEADING)
+    ]
+    assert set(headers[:1]) <= set(flagged)
+
+    def unmarked(item: Any) -> Any:
+        item = {k: v for k, v in item.items() if k != "cache_control"}
+        content = item.get("content")
+        if isinstance(content, list):
+            item["content"] = [
+                {k: v for k, v in p.items() if k != "cache_control"} for p in content
+            ]
+        return item
+
+    for original, changed in zip(given_items, marked, strict=True):
+        restored = unmarked(changed)
+        if isinstance(original.get("content"), str) and isinstance(restored.get("content"), list):
+            assert restored["content"][0]["text"] == original["content"]
+        else:
+            assert restored == original

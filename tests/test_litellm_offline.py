@@ -1,7 +1,8 @@
-"""litellm stays offline: from its import to its answers, the only connections a process with
-an upstream of kind litellm attempts are to the configured provider (and the test's own to the
-proxy). Every attempt is recorded by an audit hook in a fresh process, below any library: each
-`socket.connect` and each name lookup, whether it would have succeeded or not."""
+"""litellm stays offline: from its import to its answers in every API (chat completions,
+Messages, Responses), the only connections a process with an upstream of kind litellm attempts
+are to the configured provider (and the test's own to the proxy). Every attempt is recorded by
+an audit hook in a fresh process, below any library: each `socket.connect` and each name
+lookup, whether it would have succeeded or not."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def record(event, args):
 
 sys.addaudithook(record)
 
+from anthropic import Anthropic
 import openai
 from proxy.server.app import create_app
 from proxy.server.runner import server_config
@@ -44,11 +46,18 @@ with FakeAnthropic(windows={CLAUDE: 8192}) as anthropic, FakeGemini() as gemini:
     serving = server_config(app, config, loop="asyncio")
     with ServerThread(app, serving, ready=lambda: app.state.proxy.limits.warm) as proxy:
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-client", max_retries=0)
-        for model in (CLAUDE, GEMINI):
+        sdk = Anthropic(base_url=proxy.url, api_key="sk-client", max_retries=0)
+        for model in (CLAUDE, GEMINI):  # every API the proxy serves, through litellm
             messages = [{"role": "user", "content": "Hello"}]
             client.chat.completions.create(model=model, messages=messages)
             for _ in client.chat.completions.create(model=model, messages=messages, stream=True):
                 pass
+            client.responses.create(model=model, input="Hello")
+            for _ in client.responses.create(model=model, input="Hello", stream=True):
+                pass
+            sdk.messages.create(model=model, max_tokens=50, messages=messages)
+            with sdk.messages.stream(model=model, max_tokens=50, messages=messages) as stream:
+                stream.get_final_message()
         ports = {"proxy": proxy.port, "anthropic": anthropic.port, "gemini": gemini.port}
 print(json.dumps({"attempts": attempts, "ports": ports}))
 """

@@ -25,7 +25,7 @@ Kind = Literal["openai", "anthropic", "litellm"]
 DIALECTS_BY_KIND: Mapping[str, tuple[Dialect, ...]] = {
     "openai": ("chat", "responses"),
     "anthropic": ("messages",),
-    "litellm": ("chat",),
+    "litellm": ("chat", "messages", "responses"),
 }
 
 

@@ -40,6 +40,11 @@ def load_litellm() -> Any:
             module.disable_hf_tokenizer_download = True
             module.suppress_debug_info = True  # no "Give Feedback / Get Help" on stdout
             module.turn_off_message_logging = True
+            # Messages for OpenAI-compatible providers (`openai/`, `azure/`) go out as chat
+            # completions, which every such server has, not as the Responses API, which many
+            # local ones (vLLM, llama.cpp, LM Studio...) have not. litellm only has this as a
+            # process-wide setting.
+            module.use_chat_completions_url_for_anthropic_messages = True
             for name in _LITELLM_LOGGERS:
                 logger = logging.getLogger(name)
                 logger.handlers.clear()

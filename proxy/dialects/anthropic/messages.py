@@ -87,9 +87,7 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage):
         return read_whole(raw)
 
     def error_body(self, error: APIError) -> bytes:
-        status = error.status_code
-        kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-        return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
+        return anthropic_error_body(error)
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         named = headers.get(SESSION_HEADER)
@@ -199,6 +197,13 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage):
         )
 
 
+def anthropic_error_body(error: APIError) -> bytes:
+    """Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`."""
+    status = error.status_code
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
+
+
 def user_id_session(user_id: str) -> str | None:
     """The session id inside Claude Code's `metadata.user_id`, in either of its forms."""
     if user_id.startswith("{"):
@@ -241,6 +246,8 @@ def _event_usage(data: bytes, event: bytes, *, reverse: bool) -> Usage | None:
             continue
         holder = payload.get("message") if event == b"message_start" else payload
         usage = _usage(holder.get("usage") if isinstance(holder, dict) else None)
-        if usage is not None:
+        # A prompt of no tokens is one not counted yet: a translated stream (litellm's, from
+        # chat completions) learns the usage at its end, in message_delta.
+        if usage is not None and usage.prompt_tokens > 0:
             return usage
     return None

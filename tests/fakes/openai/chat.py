@@ -6,7 +6,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -33,6 +33,7 @@ from tests.fakes.openai.common import (
 )
 
 if TYPE_CHECKING:
+    from tests.fakes.base import Scripted
     from tests.fakes.openai.server import FakeUpstream
 
 _ROLES = ("system", "assistant", "user", "function", "tool", "developer")
@@ -205,29 +206,33 @@ def _tool_reply(body: Mapping[str, Any], raw: bytes, encoding: str) -> _Reply:
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     function = next((f for f in functions if f["name"] == named), functions[0])
     arguments = sample_arguments(function.get("parameters") or {})
+    return _call_reply(function["name"], arguments, raw, encoding)
+
+
+def _call_reply(name: str, arguments: str, raw: bytes, encoding: str) -> _Reply:
     call = {
         "id": call_id(raw),
         "type": "function",
-        "function": {"name": function["name"], "arguments": arguments},
+        "function": {"name": name, "arguments": arguments},
     }
-    tokens = count_text(function["name"], encoding) + count_text(arguments, encoding)
+    tokens = count_text(name, encoding) + count_text(arguments, encoding)
     return _Reply(None, [call], "tool_calls", tokens)
 
 
 def _scripted_reply(
-    body: Mapping[str, Any], scripted: Scripted, raw: bytes, encoding: str, limit: int
+    body: Mapping[str, Any], raw: bytes, scripted: Scripted, encoding: str, limit: int
 ) -> _Reply:
-    """The script's answer: a call of the request's tool it names, else its text."""
+    """A scripted model's answer: a call of the request's function `scripted.tool` (after the
+    script's text, if it has one), or its text."""
     if scripted.tool is None:
         return _text_reply(scripted.text, encoding, limit)
-    names = [t["function"]["name"] for t in body.get("tools") or [] if t.get("type") == "function"]
-    if scripted.tool not in names:
+    functions = [t["function"] for t in body.get("tools") or [] if t.get("type") == "function"]
+    if not any(f["name"] == scripted.tool for f in functions):
         raise ApiError(500, f"the script called {scripted.tool!r}, not among the request's tools")
-    arguments = orjson.dumps(scripted.arguments).decode()
-    function = {"name": scripted.tool, "arguments": arguments}
-    call = {"id": call_id(raw), "type": "function", "function": function}
-    tokens = count_text(scripted.tool, encoding) + count_text(arguments, encoding)
-    return _Reply(scripted.text or None, [call], "tool_calls", tokens)
+    given = scripted.arguments
+    arguments = given if isinstance(given, str) else orjson.dumps(given).decode()
+    call = _call_reply(scripted.tool, arguments, raw, encoding)
+    return replace(call, content=scripted.text or None)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -319,10 +324,12 @@ async def handle(
     prompt, encoding, limit = messages + tools, encoding_name(body["model"]), max_output(body)
     choice = body.get("tool_choice")
     forced = choice == "required" or isinstance(choice, dict)
-    if is_summary_request(request.headers, body):
+    summary = is_summary_request(request.headers, body)
+    scripted = None if summary or up.script is None else up.script(request.headers, body)
+    if summary:
         reply = _text_reply(await up.summarize(body), encoding, limit)
-    elif up.script is not None and (scripted := up.script(request.headers, body)) is not None:
-        reply = _scripted_reply(body, scripted, raw, encoding, limit)
+    elif scripted is not None:
+        reply = _scripted_reply(body, raw, scripted, encoding, limit)
     elif body.get("tools") and choice != "none" and ("tool-call" in behaviors or forced):
         reply = _tool_reply(body, raw, encoding)
     else:

@@ -76,6 +76,7 @@ class FakeUpstream(FakeAPI):
         *,
         default_window: int = 128_000,
         provider_compaction: bool = True,
+        chat_only: bool = False,
         signing_key: bytes | None = None,
         **settings: Unpack[Settings],
     ) -> None:
@@ -85,6 +86,9 @@ class FakeUpstream(FakeAPI):
         # False: a server without provider compaction (a local one): no /v1/responses/compact,
         # and compaction and compaction_trigger items are types it does not know.
         self.provider_compaction = provider_compaction
+        # True: an OpenAI-compatible server with chat completions only (many local ones): the
+        # Responses API's paths are not found.
+        self.chat_only = chat_only
         # What the Responses API remembers between requests; `signing_key` lets two fakes accept
         # each other's encrypted content.
         self.memory = Memory(signing_key)
@@ -145,6 +149,8 @@ class FakeUpstream(FakeAPI):
             raise ApiError(status, message, code=code, kind=kind)
         if (method, path) == ("POST", "/v1/chat/completions"):
             return await chat.handle(self, request, raw, data, behaviors)
+        if self.chat_only and path.startswith("/v1/responses"):
+            raise ApiError(404, f"Invalid URL ({method} {path})")
         if (method, path) == ("POST", "/v1/responses"):
             return await responses.handle(self, request, raw, data, behaviors)
         if (method, path) == ("POST", "/v1/responses/compact") and self.provider_compaction:
