@@ -16,12 +16,11 @@ from typing import Any
 import policies
 from proxy.config.checks import check
 from proxy.config.decoder import ConfigError, Path, Source, build, load_yaml
+from proxy.config.provider_params import PROVIDER_PARAMS, SECRET_PROVIDER_PARAMS
 from proxy.config.retrieval import Retrieval, StoredOriginals
 from proxy.config.schema import (
     DIALECTS,
     DIALECTS_BY_KIND,
-    PROVIDER_PARAMS,
-    SECRET_PROVIDER_PARAMS,
     Admin,
     Auth,
     CompactionItems,

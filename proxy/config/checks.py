@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 from proxy.config.decoder import Path, Source
 from proxy.config.egress import DIRECT, InvalidEgressProxy, environment_problems, parse_egress_proxy
-from proxy.config.schema import DIALECTS, PROVIDER_PARAMS, Config, Upstream
+from proxy.config.provider_params import PROVIDER_PARAMS
+from proxy.config.schema import DIALECTS, Config, Upstream
 from proxy.config.store_url import InvalidStoreURL, parse_store_url
 
 Problem = Callable[[Path, str], None]

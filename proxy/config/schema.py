@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import policies
+from proxy.config.provider_params import SECRET_PROVIDER_PARAMS
 from proxy.config.retrieval import Retrieval, StoredOriginals
 from proxy.config.store_url import masked_url
 from proxy.errors import ProxyError
@@ -88,46 +89,6 @@ class Timeouts:
     stream_idle: float = 120.0
 
 
-# The provider settings an upstream of kind litellm may pass to litellm (`provider_params`):
-# where the provider is and how to sign in. Everything else litellm accepts is either the
-# request's own or the proxy's to decide. Those holding secrets are masked when printed.
-PROVIDER_PARAMS = frozenset(
-    {
-        "api_version",
-        "aws_access_key_id",
-        "aws_bedrock_runtime_endpoint",
-        "aws_external_id",
-        "aws_profile_name",
-        "aws_region_name",
-        "aws_role_name",
-        "aws_secret_access_key",
-        "aws_session_name",
-        "aws_session_token",
-        "aws_sts_endpoint",
-        "aws_web_identity_token",
-        "azure_ad_token",
-        "azure_password",
-        "azure_scope",
-        "azure_username",
-        "client_id",
-        "client_secret",
-        "tenant_id",
-        "vertex_credentials",
-        "vertex_location",
-        "vertex_project",
-    }
-)
-SECRET_PROVIDER_PARAMS = frozenset(
-    {
-        "aws_secret_access_key",
-        "aws_session_token",
-        "aws_web_identity_token",
-        "azure_ad_token",
-        "azure_password",
-        "client_secret",
-        "vertex_credentials",
-    }
-)
 _LITELLM_ONLY = ("provider_model", "provider_params", "prompt_cache")
 # Provider models whose prompt cache the proxy marks unless the upstream says otherwise.
 PROMPT_CACHE_MODELS = ("anthropic/*", "bedrock/*anthropic*")

@@ -28,8 +28,8 @@ from proxy.models.limits import ModelLimits
 from proxy.models.tokens import configure_offline_encodings
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
-from proxy.observability.worker_metrics import Worker, WorkerMetrics
 from proxy.observability.retrieval_metrics import RetrievalMetrics
+from proxy.observability.worker_metrics import Worker, WorkerMetrics
 from proxy.server.admin import Admin
 from proxy.server.count_endpoint import CountEndpoint
 from proxy.server.dashboard import dashboard_routes, turn_ledger
