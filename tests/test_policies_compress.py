@@ -161,6 +161,30 @@ def test_a_long_array_keeps_its_ends_and_counts_what_it_elided() -> None:
     assert result.marker.elided.endswith("of 500 records")
 
 
+def test_an_elision_that_would_save_nothing_is_not_made() -> None:
+    profile = {
+        "user_id": "mia_li_3668",
+        "reservations": ["NO6JO3", "AIXC49"],  # shorter than a note that they went
+        "seats": [12, 14, 15, 16, 17],
+        "notes": "a long remark " * 100,
+        "history": [f"event {i}: the passenger called about the booking" for i in range(40)],
+    }
+    result = compress(json.dumps(profile), 240)
+    assert result is not None
+    data = json.loads(result.text)["data"]
+    assert data["reservations"] == profile["reservations"] and data["seats"] == profile["seats"]
+    assert data["user_id"] == profile["user_id"]
+    assert any("items elided" in item for item in data["history"] if isinstance(item, str))
+
+
+def test_a_json_string_stays_a_json_string() -> None:
+    text = json.dumps("the whole answer in one string " * 200)
+    result = compress(text, 400)
+    assert result is not None and result.kind == "json"
+    data = json.loads(result.text)
+    assert isinstance(data["data"], str) and len(result.text) < 600
+
+
 def test_a_log_keeps_its_errors_with_context_and_its_ends() -> None:
     lines = [f"[{i:04d}] INFO compiling module {i}" for i in range(3000)]
     lines[1500] = "[1500] ERROR linker failed: undefined symbol foo"

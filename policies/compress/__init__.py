@@ -80,7 +80,7 @@ def salient_lines(
         picked = [line.strip() for line in text.split("\n") if line.strip()]
     else:
         kind, value = _detect(text, limits)
-        if kind == "json":
+        if kind == "json" and not isinstance(value, str):
             picked = json_form.salient_records(value)
         elif kind == "diff":
             return []

@@ -42,10 +42,11 @@ _TRIES = ((1.0, 2000), (0.5, 600), (0.25, 240), (0.1, 120), (0.0, 60))
 
 
 def parse(text: str) -> Any:
-    """The JSON value of `text`; ValueError when it is not an array or object in JSON."""
+    """The JSON value of `text`; ValueError when it is not an array, object or string in JSON
+    (a JSON string is compressed as one, so that it stays JSON)."""
     stripped = text.lstrip()
-    if not stripped.startswith(("{", "[")):
-        raise ValueError("not a JSON array or object")
+    if not stripped.startswith(("{", "[", '"')):
+        raise ValueError("not a JSON array, object or string")
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as error:
@@ -145,22 +146,34 @@ def _shrink(value: Any, items: int, chars: int, limits: Limits, tally: _Tally) -
         if index not in kept:
             gap.append(index)
             continue
-        if gap:
-            out.append(_elision(value, gap, records, tally))
-            gap = []
+        out += _elided(value, gap, records, tally)
+        gap = []
         out.append(item if index in differing else _shrink(item, items, chars, limits, tally))
-    if gap:
-        out.append(_elision(value, gap, records, tally))
+    out += _elided(value, gap, records, tally)
     if records:
         tally.of += len(value)
     return out
 
 
-def _elision(value: list[Any], gap: list[int], records: bool, tally: _Tally) -> str:
-    if not records:
+def _elided(value: list[Any], gap: list[int], records: bool, tally: _Tally) -> list[Any]:
+    """The items at `gap` as the note that counts them; as they are when the note would be no
+    shorter (a few short ids cost less than a note that they were elided)."""
+    if not gap:
+        return []
+    note = _elision(value, gap, records)
+    items = [value[i] for i in gap]
+    if len(dumps(items)) <= len(dumps(note)) + 1:
+        return items
+    if records:
+        tally.records += len(gap)
+    else:
         tally.items += len(gap)
+    return [note]
+
+
+def _elision(value: list[Any], gap: list[int], records: bool) -> str:
+    if not records:
         return f"\u2026 {len(gap)} items elided \u2026"
-    tally.records += len(gap)
     counts = ""
     status = _status_keys(value)
     if status:
