@@ -252,10 +252,9 @@ def tool_facts(sessions: list[Session], seed: int = 0) -> list[tuple[list[Messag
                     lines = content.split("\n")
                     lines.insert(rng.randint(0, len(lines)), f"{name}: {field[1]}")
                     content = "\n".join(lines)
-                else:
-                    continue  # a bare number or string: no place for a fact
-                message = {**message, "content": content}
-                facts.append(key)
+                if content is not message["content"]:  # a bare number or string: no fact
+                    message = {**message, "content": content}
+                    facts.append(key)
             out.append(message)
         planted.append((out, facts))
     return planted

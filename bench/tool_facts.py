@@ -65,6 +65,17 @@ class Facts:
         )
 
 
+def request_ends(requests: list[Message]) -> list[int]:
+    """Where a client's requests end: before each assistant message (the history it answers),
+    but not after calls the history does not answer (a request no API takes), and at the end."""
+    ends = [
+        i
+        for i, m in enumerate(requests)
+        if m["role"] == "assistant" and i and not requests[i - 1].get("tool_calls")
+    ]
+    return [*ends, len(requests)]
+
+
 def sessions() -> list[tuple[list[Message], list[str], list[str]]]:
     """Each session's messages, tool facts and user facts."""
     with_user = planted.traces(joined(load_traces(), 4))
@@ -84,9 +95,8 @@ async def replay(
     for messages, tool, user in planted_sessions:
         proxy.start()
         requests = [*messages, LAST]
-        ends = [i for i, m in enumerate(requests) if m["role"] == "assistant" and i]
         view: list[Message] | None = None
-        for end in [*ends, len(requests)]:
+        for end in request_ends(requests):
             plan = proxy.plan
             view = await proxy.view(requests[:end])
             facts.requests += 1

@@ -11,8 +11,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.compress import Compressed, Limits, Marker, compress, detect, salient_lines
+from policies.compress import Compressed, Limits, Marker, compress, detect, formats, salient_lines
 from policies.compress.salience import is_salient_text
+from tests.conftest import examples
 
 BUDGETS = st.sampled_from([None, 40, 400, 2000, 8000])
 WORDS = ("step", "ok", "done", "loading", "cache", "module", "worker", "request", "sent", "id")
@@ -134,6 +135,29 @@ def body(result: Compressed | None) -> list[str]:
     """The lines of a compressed text after its marker."""
     assert result is not None
     return result.text.split("\n")[1:]
+
+
+search_lines = st.lists(
+    st.one_of(
+        st.builds(
+            "{}:{}:{}".format,
+            st.sampled_from(["src/a.py", "lib/b.c", "c.md", "a b.py", "x"]),
+            st.integers(0, 999),
+            st.sampled_from(["x = 1", "ERROR failed", "", "value " * 20]),
+        ),
+        st.sampled_from(["--", "", "FATAL crash", "note"]),
+    ),
+    min_size=3,
+    max_size=200,
+)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(lines=search_lines, cap=st.sampled_from([None, 0, 1, 2, 5, 20]))
+def test_a_search_form_is_sized_as_it_is_made(lines: list[str], cap: int | None) -> None:
+    text = "\n".join(lines)
+    body, _ = formats.render(formats.search_groups(text), cap, formats.SEARCH_MORE)
+    assert formats.search_size(text, cap) == len(body)
 
 
 def test_records_become_a_lossless_table() -> None:

@@ -64,7 +64,7 @@ def compress(
     if kind == "json":
         compressed = _json(text, value, budget, limits)
     else:
-        shrunk = _lossless(kind, text)
+        shrunk = _lossless(kind, text, budget)
         if budget is not None and (shrunk is None or len(shrunk.body) > budget):
             shrunk = _lossy(kind, text, budget, limits)
         compressed = None if shrunk is None else _marked(text, kind, shrunk)
@@ -123,9 +123,13 @@ def _json(text: str, value: Any, budget: int | None, limits: Limits) -> Compress
     return Compressed(f'{head},"data":{shrunk.body}}}', "json", marker)
 
 
-def _lossless(kind: str, text: str) -> Shrunk | None:
+def _lossless(kind: str, text: str, budget: int | None) -> Shrunk | None:
+    """The lossless form (None when there is none, or, for a search, when it is over
+    `budget`: it is then not made)."""
     if kind == "search":
-        body, _ = formats.render(formats.search_groups(text), None, "")
+        if budget is not None and formats.search_size(text, None) > budget:
+            return None
+        body, _ = formats.render(formats.search_groups(text), None, formats.SEARCH_MORE)
         return Shrunk(body, "")
     return collapse_repeats(text)
 
