@@ -164,8 +164,8 @@ def _shrink(value: Any, items: int, chars: int, limits: Limits, tally: _Tally) -
 
 
 def _elided(value: list[Any], gap: range, records: bool, tally: _Tally) -> list[Any]:
-    """The items at `gap` as the note that counts them; as they are when the
-    note would be no shorter (a few short ids cost less than a note that they were elided)."""
+    """The items at `gap` as the note that counts them; as they are when the note would be no
+    shorter (a few short ids cost less than a note that they were elided)."""
     if not gap:
         return []
     note = _elision(value, gap, records, tally)
