@@ -198,3 +198,63 @@ def traces(conversations: list[list[Message]], seed: int = 0) -> list[Session]:
             messages.append(message)
         sessions.append((messages, facts))
     return sessions
+
+
+# -- the recorded traces, with a fact planted in each tool result ------------------------------
+
+# What a tool may say that an agent needs later, each with a unique seven-digit number in it: a
+# JSON field (inserted at a random place among the object's, or a record's) or a line of text.
+_TOOL_FACTS = (
+    ("voucher_code", "VCH-{key}"),
+    ("case_number", "{key}"),
+    ("refund_reference", "RF{key}"),
+    ("agent_note", "customer was promised a callback about ticket {key}"),
+    ("gate_change", "now departs from gate B{key}"),
+    ("hold_until", "seat held under lock {key} for 24 hours"),
+)
+
+
+def _plant_in(value: Any, field: tuple[str, str], rng: random.Random) -> Any:
+    """`value` (a JSON object or array) with the field inserted at a random place in it (an
+    array's: in one of its objects, or as an item)."""
+    if isinstance(value, dict):
+        items = list(value.items())
+        items.insert(rng.randint(0, len(items)), field)
+        return dict(items)
+    objects = [i for i, item in enumerate(value) if isinstance(item, dict)]
+    if not objects:
+        return [*value, dict([field])]
+    at = rng.choice(objects)
+    return [*value[:at], _plant_in(value[at], field, rng), *value[at + 1 :]]
+
+
+def tool_facts(sessions: list[Session], seed: int = 0) -> list[tuple[list[Message], list[str]]]:
+    """Each session with a fact planted in every tool result that is a JSON object or array,
+    or text; the facts' keys (seven-digit numbers: no user fact of `traces` holds one)."""
+    rng = random.Random(seed + 1)
+    keys = iter(rng.sample(range(2_000_000, 10_000_000), 10_000))
+    planted = []
+    for messages, _ in sessions:
+        out, facts = [], []
+        for message in messages:
+            content = message.get("content")
+            if message["role"] == "tool" and isinstance(content, str):
+                key = str(next(keys))
+                name, form = rng.choice(_TOOL_FACTS)
+                field = (name, form.format(key=key))
+                try:
+                    value = json.loads(content)
+                except ValueError:
+                    value = None
+                if isinstance(value, dict | list):
+                    content = json.dumps(_plant_in(value, field, rng))
+                elif value is None:
+                    lines = content.split("\n")
+                    lines.insert(rng.randint(0, len(lines)), f"{name}: {field[1]}")
+                    content = "\n".join(lines)
+                if content is not message["content"]:  # a bare number or string: no fact
+                    message = {**message, "content": content}
+                    facts.append(key)
+            out.append(message)
+        planted.append((out, facts))
+    return planted

@@ -11,7 +11,9 @@ every nine steps the user adds a fact of their own. Each request is made as a cl
 (bench/savings.py's `Proxy`: the plan replayed while its prefix matches, a compaction at the
 compact level), with a summarizer that ignores tool output (it keeps what the user said,
 nothing else). Counted: requests refused (the view does not fit), compactions, and in the last
-request's view the errors and the user facts still visible (their keys in its text).
+request's view the errors and the user facts still visible (their keys in its text); and the
+turns that replay a plan: how many outputs they compressed (none:
+the plan holds each output's compressed text) and their median time.
 
 - before: the default layers without compress_tool_results (the code before it);
 - after: the default layers of config.yaml.
@@ -21,11 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,6 +44,8 @@ from proxy.config import Policy
 from proxy.models.tokens import counter_for
 
 STEPS = 45
+# The layer's module (the package's attribute of that name is the layer's function).
+compress_layer = importlib.import_module("policies.layers.compress_tool_results")
 WINDOW = 16_384
 
 
@@ -116,20 +123,47 @@ def without_compression(policy: Policy) -> Policy:
     )
 
 
+class Compressions:
+    """Counts the outputs compress_tool_results compresses (its `compress` wrapped)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.wrapped = compress_layer.compress
+
+    def __enter__(self) -> Compressions:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return self.wrapped(*args, **kwargs)
+
+        compress_layer.compress = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        compress_layer.compress = self.wrapped
+
+
 async def run(name: str, policy: Policy) -> str:
     counter = counter_for(MODEL)
     budget = budget_for(policy, WINDOW, WINDOW // 4)
     proxy = Proxy(name, policy, budget, counter, summarizer=ignoring_tools(counter))
     session, errors, facts = loop()
     refused = compactions = 0
+    replayed: list[float] = []  # seconds of each turn that replayed a plan
+    replay_compressions = 0
     view: list[Message] | None = None
-    for end in range(1, len(session) + 1):
-        if session[end - 1]["role"] != "tool":
-            continue
-        before = proxy.plan
-        view = await proxy.view(session[:end])
-        refused += view is None
-        compactions += proxy.plan != before
+    with Compressions() as compressions:
+        for end in range(1, len(session) + 1):
+            if session[end - 1]["role"] != "tool":
+                continue
+            before, calls = proxy.plan, compressions.calls
+            started = time.perf_counter()
+            view = await proxy.view(session[:end])
+            took = time.perf_counter() - started
+            refused += view is None
+            compactions += proxy.plan != before
+            if proxy.plan == before and before.edits:
+                replayed.append(took)
+                replay_compressions += compressions.calls - calls
     assert view is not None
     text = shown(view)
     return (
@@ -137,6 +171,8 @@ async def run(name: str, policy: Policy) -> str:
         f" {sum(e in text for e in errors)} of {len(errors)} |"
         f" {sum(f in text for f in facts)} of {len(facts)} |"
         f" {counter.count(view)} / {budget.limit} |"
+        f" {len(replayed)}: {replay_compressions} compressed,"
+        f" {1000 * statistics.median(replayed) if replayed else 0:.2f} ms |"
     )
 
 
@@ -147,8 +183,9 @@ async def main() -> None:
     print(
         "\n| layers | steps | refused | compactions | errors visible at the end |"
         " user facts | last view / limit (tokens) |"
+        " turns replaying a plan: outputs compressed, p50 |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     print(await run("before (no compress_tool_results)", without_compression(policy)))
     print(await run("after (config.yaml's default)", policy))
     print(f"\n({time.perf_counter() - started:.0f} s)")

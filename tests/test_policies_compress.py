@@ -18,9 +18,11 @@ from policies.compress import (
     compress,
     detect,
     finding_lines,
+    formats,
     salient_lines,
 )
 from policies.compress.salience import is_salient_text
+from tests.conftest import examples
 
 BUDGETS = st.sampled_from([None, 40, 400, 2000, 8000])
 WORDS = ("step", "ok", "done", "loading", "cache", "module", "worker", "request", "sent", "id")
@@ -144,6 +146,29 @@ def body(result: Compressed | None) -> list[str]:
     return result.text.split("\n")[1:]
 
 
+search_lines = st.lists(
+    st.one_of(
+        st.builds(
+            "{}:{}:{}".format,
+            st.sampled_from(["src/a.py", "lib/b.c", "c.md", "a b.py", "x"]),
+            st.integers(0, 999),
+            st.sampled_from(["x = 1", "ERROR failed", "", "value " * 20]),
+        ),
+        st.sampled_from(["--", "", "FATAL crash", "note"]),
+    ),
+    min_size=3,
+    max_size=200,
+)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(lines=search_lines, cap=st.sampled_from([None, 0, 1, 2, 5, 20]))
+def test_a_search_form_is_sized_as_it_is_made(lines: list[str], cap: int | None) -> None:
+    text = "\n".join(lines)
+    body, _ = formats.render(formats.search_groups(text), cap, formats.SEARCH_MORE)
+    assert formats.search_size(text, cap) == len(body)
+
+
 def test_records_become_a_lossless_table() -> None:
     records = [{"id": i, "status": "ok", "region": "eu-west-1"} for i in range(100)]
     text = json.dumps(records, indent=2)
@@ -167,6 +192,30 @@ def test_a_long_array_keeps_its_ends_and_counts_what_it_elided() -> None:
     notes = [item for item in kept if isinstance(item, str)]
     assert notes and all("records elided (status: ok" in note for note in notes)
     assert result.marker.elided.endswith("of 500 records")
+
+
+def test_an_elision_that_would_save_nothing_is_not_made() -> None:
+    profile = {
+        "user_id": "mia_li_3668",
+        "reservations": ["NO6JO3", "AIXC49"],  # shorter than a note that they went
+        "seats": [12, 14, 15, 16, 17],
+        "notes": "a long remark " * 100,
+        "history": [f"event {i}: the passenger called about the booking" for i in range(40)],
+    }
+    result = compress(json.dumps(profile), 240)
+    assert result is not None
+    data = json.loads(result.text)["data"]
+    assert data["reservations"] == profile["reservations"] and data["seats"] == profile["seats"]
+    assert data["user_id"] == profile["user_id"]
+    assert any("items elided" in item for item in data["history"] if isinstance(item, str))
+
+
+def test_a_json_string_stays_a_json_string() -> None:
+    text = json.dumps("the whole answer in one string " * 200)
+    result = compress(text, 400)
+    assert result is not None and result.kind == "json"
+    data = json.loads(result.text)
+    assert isinstance(data["data"], str) and len(result.text) < 600
 
 
 def test_a_log_keeps_its_errors_with_context_and_its_ends() -> None:

@@ -75,7 +75,7 @@ def compress(
     if kind == "json":
         compressed = _json(text, value, budget, limits)
     else:
-        shrunk = _lossless(kind, text)
+        shrunk = _lossless(kind, text, budget)
         if budget is not None and (shrunk is None or len(shrunk.body) > budget):
             shrunk = _lossy(kind, text, budget, limits)
         compressed = None if shrunk is None else _marked(text, kind, shrunk)
@@ -91,7 +91,7 @@ def salient_lines(
         picked = [line.strip() for line in text.split("\n") if line.strip()]
     else:
         kind, value = _detect(text, limits)
-        if kind == "json":
+        if kind == "json" and not isinstance(value, str):
             picked = json_form.salient_records(value)
         elif kind == "diff":
             return []
@@ -135,9 +135,13 @@ def _json(text: str, value: Any, budget: int | None, limits: Limits) -> Compress
     return Compressed(f'{head},"data":{shrunk.body}}}', "json", marker)
 
 
-def _lossless(kind: str, text: str) -> Shrunk | None:
+def _lossless(kind: str, text: str, budget: int | None) -> Shrunk | None:
+    """The lossless form (None when there is none, or, for a search, when it is over
+    `budget`: it is then not made)."""
     if kind == "search":
-        body, _ = formats.render(formats.search_groups(text), None, "")
+        if budget is not None and formats.search_size(text, None) > budget:
+            return None
+        body, _ = formats.render(formats.search_groups(text), None, formats.SEARCH_MORE)
         return Shrunk(body, "")
     return collapse_repeats(text)
 

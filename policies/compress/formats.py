@@ -14,6 +14,7 @@ import functools
 import html
 import re
 from collections.abc import Iterator
+from itertools import accumulate
 
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, compress_lines
@@ -37,6 +38,7 @@ _TAG = re.compile(r"<[^>]*>")
 _DATA_URL = re.compile(r"data:[\w/+.-]+;base64,\Z")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _DIFF_KEPT = ("diff ", "--- ", "+++ ", "@@", "new file", "deleted file", "rename ", "Binary ")
+SEARCH_MORE = "matches in this file"
 # Per-file matches (search) and per-hunk changed lines (diff) at each try, as shares of
 # `Limits.items`, until the form fits.
 _TRIES = (1.0, 0.5, 0.25, 0.1, 0.0)
@@ -136,12 +138,46 @@ def compress_diff(text: str, budget: int, limits: Limits) -> Shrunk:
     return Shrunk(body, ", ".join(notes))
 
 
+def search_size(text: str, cap: int | None) -> int:
+    """The length of `render(search_groups(text), cap, SEARCH_MORE)[0]`, counted without
+    making it: each try of a lossy form is sized, and only the one that fits is made."""
+    size = 0
+    for head, ends, salient in _sizes(text):
+        size += head
+        if cap is None or len(ends) <= cap:
+            size += ends[-1] if ends else 0
+            continue
+        late = [length for index, length in salient if index >= cap]
+        size += (ends[cap - 1] if cap else 0) + sum(late)
+        left = len(ends) - cap - len(late)
+        if left:
+            size += len(_more(left, SEARCH_MORE)) + 1
+    return max(0, size - 1)  # no newline after the last line
+
+
+@functools.lru_cache(maxsize=4)
+def _sizes(text: str) -> list[tuple[int, list[int], list[tuple[int, int]]]]:
+    """Of each group of a search: its head's length with its newline, the running length of
+    its lines (with theirs) and the index and length of each salient one."""
+    return [
+        (
+            0 if head is None else len(head) + 1,
+            list(accumulate(len(line) + 1 for line, _ in entries)),
+            [(i, len(line) + 1) for i, (line, salient) in enumerate(entries) if salient],
+        )
+        for head, entries in search_groups(text)
+    ]
+
+
 def compress_search(text: str, budget: int, limits: Limits) -> Shrunk:
     groups = search_groups(text)
     for share in _TRIES:
-        body, left = render(groups, round(limits.items * share), "matches in this file")
-        if len(body) <= budget:
-            return Shrunk(body, f"{left} matches" if left else "")
+        cap = round(limits.items * share)
+        if search_size(text, cap) <= budget:
+            break
+    body, left = render(groups, cap, SEARCH_MORE)
+    if len(body) <= budget:
+        return Shrunk(body, f"{left} matches" if left else "")
     # Too many files even with one match each: the grouped lines, middle-out.
     shrunk = compress_lines(body, budget, limits)
     notes = [note for note in (f"{left} matches" if left else "", shrunk.elided) if note]
@@ -229,4 +265,8 @@ def _capped(entries: list[Entry], cap: int | None, what: str) -> tuple[list[str]
         return [line for line, _ in entries], 0
     kept = [line for i, (line, salient) in enumerate(entries) if i < cap or salient]
     left = len(entries) - len(kept)
-    return ([*kept, f"  [\u2026 {left} more {what}]"] if left else kept), left
+    return ([*kept, _more(left, what)] if left else kept), left
+
+
+def _more(left: int, what: str) -> str:
+    return f"  [\u2026 {left} more {what}]"

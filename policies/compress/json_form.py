@@ -42,10 +42,11 @@ _TRIES = ((1.0, 2000), (0.5, 600), (0.25, 240), (0.1, 120), (0.0, 60))
 
 
 def parse(text: str) -> Any:
-    """The JSON value of `text`; ValueError when it is not an array or object in JSON."""
+    """The JSON value of `text`; ValueError when it is not an array, object or string in JSON
+    (a JSON string is compressed as one, so that it stays JSON)."""
     stripped = text.lstrip()
-    if not stripped.startswith(("{", "[")):
-        raise ValueError("not a JSON array or object")
+    if not stripped.startswith(("{", "[", '"')):
+        raise ValueError("not a JSON array, object or string")
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as error:
@@ -81,7 +82,7 @@ def _tables(value: Any) -> Any:
 
 def shrink(value: Any, budget: int, limits: Limits) -> Shrunk:
     """`value` in about `budget` characters of compact JSON, by the first try that fits."""
-    found: dict[int, set[int]] = {}
+    found: dict[int, tuple[set[int], list[Any]]] = {}
     for share, chars in _TRIES:
         tally = _Tally(found)
         shrunk = _shrink(value, max(0, round(limits.items * share)), chars, limits, tally)
@@ -100,16 +101,26 @@ def salient_records(value: Any) -> list[str]:
 
 
 class _Tally:
-    """What one try elided; and the salient items of each array, found once for all tries."""
+    """What one try elided; and of each array, found once for all tries, its salient items and
+    (of records) each one's status value, which an elision counts."""
 
-    def __init__(self, found: dict[int, set[int]]) -> None:
+    def __init__(self, found: dict[int, tuple[set[int], list[Any]]]) -> None:
         self.records = self.of = self.items = self.strings = 0
         self.found = found
 
     def salient(self, value: list[Any], records: bool) -> set[int]:
+        return self._of(value, records)[0]
+
+    def statuses(self, value: list[Any]) -> list[Any]:
+        return self._of(value, True)[1]
+
+    def _of(self, value: list[Any], records: bool) -> tuple[set[int], list[Any]]:
         key = id(value)  # the arrays of the value being shrunk, alive for all tries
         if key not in self.found:
-            self.found[key] = _differing(value) if records else _salient_items(value)
+            status = _status_keys(value) if records else []
+            statuses = [_hashable(item.get(status[0])) for item in value] if status else []
+            salient = _differing(value) if records else _salient_items(value)
+            self.found[key] = (salient, statuses)
         return self.found[key]
 
     def describe(self) -> str:
@@ -137,35 +148,47 @@ def _shrink(value: Any, items: int, chars: int, limits: Limits, tally: _Tally) -
         return value
     records = _is_records(value)
     differing = tally.salient(value, records)
-    head = (items + 1) // 2
-    kept = set(range(head)) | set(range(len(value) - (items - head), len(value))) | differing
+    head = min((items + 1) // 2, len(value))
+    tail = range(max(head, len(value) - (items - head)), len(value))
     out: list[Any] = []
-    gap: list[int] = []
-    for index, item in enumerate(value):
-        if index not in kept:
-            gap.append(index)
-            continue
-        if gap:
-            out.append(_elision(value, gap, records, tally))
-            gap = []
+    after = 0  # the index after the last kept item
+    for index in sorted({*range(head), *tail, *differing}):  # the gaps between: runs elided
+        out += _elided(value, range(after, index), records, tally)
+        item = value[index]
         out.append(item if index in differing else _shrink(item, items, chars, limits, tally))
-    if gap:
-        out.append(_elision(value, gap, records, tally))
+        after = index + 1
+    out += _elided(value, range(after, len(value)), records, tally)
     if records:
         tally.of += len(value)
     return out
 
 
-def _elision(value: list[Any], gap: list[int], records: bool, tally: _Tally) -> str:
-    if not records:
+def _elided(value: list[Any], gap: range, records: bool, tally: _Tally) -> list[Any]:
+    """The items at `gap` as the note that counts them; as they are when the note would be no
+    shorter (a few short ids cost less than a note that they were elided)."""
+    if not gap:
+        return []
+    note = _elision(value, gap, records, tally)
+    # Each item takes two characters at least: only a short run can be shorter than its note.
+    if 2 * len(gap) <= len(note) + 2:
+        items = value[gap.start : gap.stop]
+        if len(dumps(items)) <= len(dumps(note)) + 1:
+            return items
+    if records:
+        tally.records += len(gap)
+    else:
         tally.items += len(gap)
+    return [note]
+
+
+def _elision(value: list[Any], gap: range, records: bool, tally: _Tally) -> str:
+    if not records:
         return f"\u2026 {len(gap)} items elided \u2026"
-    tally.records += len(gap)
     counts = ""
-    status = _status_keys(value)
-    if status:
-        key = status[0]
-        seen = Counter(_hashable(value[i].get(key)) for i in gap)
+    statuses = tally.statuses(value)
+    if statuses:
+        key = _status_keys(value)[0]
+        seen = Counter(statuses[gap.start : gap.stop])
         counts = f" ({key}: " + ", ".join(f"{v} {n}" for v, n in seen.most_common()) + ")"
     return f"\u2026 {len(gap)} records elided{counts} \u2026"
 

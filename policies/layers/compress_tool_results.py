@@ -2,8 +2,10 @@
 
 Runs before anything is cleared, truncated or dropped. Every old output over `min_tokens`
 goes to level 1 first (lossless: compact JSON with arrays of records as tables, a search
-grouped by file, repeated lines collapsed), oldest first, until the view is at the aim; then
-to each lossy level in turn, whose budget in `levels` is its size in tokens (at four
+grouped by file, repeated lines collapsed); while the view is over the aim, every one to each
+lossy level in turn (a level once begun is given to all: one break of the prefix, and the view
+lands under the aim by what the level saved, so the next compaction comes later, as after
+clearing whole outputs), whose budget in `levels` is its size in tokens (at four
 characters a token: the compressors count characters, so that the same output at the same
 level is the same bytes whatever the tokenizer). A level is always computed from the output
 as the client sends it, never from an earlier compression, and the plan records each
@@ -29,7 +31,7 @@ CHARS_PER_TOKEN = 4
 @dataclass(frozen=True)
 class CompressToolResultsParams:
     min_tokens: int = 250  # outputs this small are left as they are
-    levels: tuple[int, ...] = (1000, 250)  # each lossy level's size in tokens, after lossless
+    levels: tuple[int, ...] = (1000, 250, 60)  # each lossy level's size in tokens, after lossless
     compressors: tuple[str, ...] = KINDS
     allow_tools: tuple[str, ...] | None = None  # None: outputs of every tool
     deny_tools: tuple[str, ...] = ()  # outputs of these tools are never altered
@@ -54,9 +56,9 @@ async def compress_tool_results(draft: Draft, params: CompressToolResultsParams)
     ]
     done: dict[int, int] = {}  # the level each output was compressed to
     for level in range(1, len(params.levels) + 2):
+        if not draft.over():
+            return _detail(done)
         for position in outputs:
-            if not draft.over():
-                return _detail(done)
             current = draft.levels.get(position)
             if current is None and position in draft.edits:
                 continue  # another layer's edit of it (cleared, truncated, dropped) stands
