@@ -140,8 +140,10 @@ async def test_max_tokens_that_leave_no_room_forward_unchanged() -> None:
     parsed = dialect.parse(orjson.dumps(body))
     request = ClientRequest(dialect, parsed, "tenant", "s1", policy, upstream, ())
     forward = await p.compactor.prepare(request)
-    assert (forward.action, forward.can_retry) == ("none", False)
+    assert forward.action == "none"
     assert forward.body is parsed.raw
+    # An overflow is not compacted into no room either (it may lower max_tokens instead).
+    assert await p.compactor.retry_harder(request, forward) is forward
 
 
 async def test_retry_harder_halves_the_target_once() -> None:

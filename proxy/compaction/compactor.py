@@ -61,11 +61,12 @@ class Compactor:
         pending = turn.loaded.state.pending
         if not turn.budget.usable or request.parsed.opaque_reason is not None:
             # max_tokens leaves no room for a prompt: compacting would strip the session to
-            # nothing; or the conversation is held upstream, out of the proxy's sight. The
-            # upstream judges the request as it is.
-            return dataclasses.replace(
-                self._forward(turn, None, "none", tokens_before, tokens_before), can_retry=False
-            )
+            # nothing (an overflow may still lower max_tokens); or the conversation is held
+            # upstream, out of the proxy's sight. The upstream judges the request as it is.
+            forward = self._forward(turn, None, "none", tokens_before, tokens_before)
+            if request.parsed.opaque_reason is None:
+                return forward
+            return dataclasses.replace(forward, can_retry=False)
         status = turn.budget.status(tokens)
         unchanged: Forward | None = None
         exact = self.exact_counts
@@ -92,8 +93,11 @@ class Compactor:
         return self._entries(await self._turn(request))
 
     async def retry_harder(self, request: ClientRequest, previous: Forward) -> Forward:
-        """The upstream said the prompt is too long: compact to half the target, once."""
+        """The upstream said the prompt is too long: compact to half the target, once (not
+        when max_tokens leaves no room to compact into: `previous` again)."""
         turn = await self._turn(request)
+        if not turn.budget.usable:
+            return previous
         target = max(1, min(turn.budget.target_tokens, previous.tokens_after) // 2)
         forward = await self._compact(turn, previous.tokens_before, None, target)
         return dataclasses.replace(forward, can_retry=False)

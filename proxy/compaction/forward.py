@@ -30,6 +30,10 @@ class Forward:
     # The tokens above are the counter's; the decision took the upstream's to be `ratio`
     # times them (calibration, or an exact count), and so do the headers.
     ratio: float = 1.0
+    # What became of an upstream overflow: compacted (harder), max_tokens (lowered to
+    # `max_output`) or relayed (nothing the proxy may change could make it pass).
+    overflow: str | None = None
+    max_output: int | None = None
 
     @property
     def applied(self) -> str:
@@ -55,6 +59,10 @@ class Forward:
         ]
         if self.ratio != 1.0:
             headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
+        if self.overflow is not None:
+            headers.append(("x-compaction-overflow", self.overflow))
+        if self.max_output is not None:
+            headers.append(("x-compaction-max-tokens", str(self.max_output)))
         if not self.anchors_complete:
             headers.append(("x-compaction-anchors", "truncated"))
         if self.shadow:
