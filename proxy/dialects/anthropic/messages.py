@@ -56,6 +56,9 @@ _OUTPUT_OVERFLOW = re.compile(
     r"^input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)"
 )
 SESSION_HEADER = "x-claude-code-session-id"
+# A Claude Code sub-agent sends its parent's session id and its own agent id: a conversation
+# of its own, in parallel with its parent's.
+AGENT_HEADER = "x-claude-code-agent-id"
 # Claude Code's older `metadata.user_id`: user_<hash>_account_<uuid or nothing>_session_<uuid>;
 # newer versions send a JSON object as that string, with a `session_id`.
 _USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
@@ -100,11 +103,12 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage, 
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         named = headers.get(SESSION_HEADER)
-        if named:
-            return named
-        metadata = parsed.body.get("metadata")
-        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-        return user_id_session(user_id) if isinstance(user_id, str) else None
+        if not named:
+            metadata = parsed.body.get("metadata")
+            user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+            named = user_id_session(user_id) if isinstance(user_id, str) else None
+        agent = headers.get(AGENT_HEADER)
+        return f"{named}/agent/{agent}" if named and agent else named
 
     def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:
         body = parsed.body
