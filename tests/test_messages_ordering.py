@@ -13,6 +13,7 @@ first and signed, at most four breakpoints in TTL order."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,29 @@ async def test_claude_codes_recorded_loop_compacted_keeps_the_apis_order(
             fake.count(out, headers)
         except AnthropicError as error:
             raise AssertionError(error.message) from None
+
+
+def without_marks(value: Any) -> Any:
+    """`value` without its cache_control keys (breakpoints move every turn, by design)."""
+    if isinstance(value, dict):
+        return {k: without_marks(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [without_marks(v) for v in value]
+    return value
+
+
+def test_claude_codes_replayed_turns_keep_their_bytes_but_for_breakpoints() -> None:
+    """Each request of Claude Code's recorded loop as the proxy forwards it with its own
+    breakpoints: what the turn before forwarded is the start of what the next forwards,
+    byte for byte but for the breakpoints (a string system message stays a string)."""
+    body = json.loads(RECORDED.read_text())["body"]
+    messages = body["messages"]
+    ends = [n for n in range(1, len(messages)) if messages[n]["role"] == "assistant"]
+    views = []
+    for end in [*ends, len(messages)]:
+        parsed = MESSAGES.parse(orjson.dumps({**body, "messages": messages[:end]}))
+        whole = list(enumerate(parsed.messages))
+        views.append(orjson.loads(MESSAGES.render(parsed, whole, True))["messages"])
+    assert any("cache_control" in orjson.dumps(v).decode() for v in views)
+    for earlier, later in itertools.pairwise(views):
+        assert without_marks(later[: len(earlier)]) == without_marks(earlier)
