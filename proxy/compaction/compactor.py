@@ -81,6 +81,10 @@ class Compactor:
                 turn.budget = self._budget(turn.request, turn.limits, ratio)
                 turn.ratio = ratio
                 status = turn.budget.status(tokens)
+        if status == "compact" and pending is None and self._held(turn, entries, tokens):
+            self.prepared.metrics.target_unreachable.labels("held").inc()
+            forward = unchanged or self._unchanged(turn, entries, tokens_before, tokens)
+            return dataclasses.replace(forward, unreachable=True)
         if status == "compact" or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
         if status == "prepare":
@@ -135,6 +139,20 @@ class Compactor:
             limits.window, limits.max_output, request.parsed.max_output
         )
         return budget.scaled(ratio)
+
+    @staticmethod
+    def _held(turn: Turn, entries: Entries | None, tokens: int) -> bool:
+        """Whether the view stays as the branch's plan makes it, though at the compact level:
+        that plan's compaction could not bring it under (its fixed part and current turn were
+        over), so another would only change the prefix again; it is redone once the view no
+        longer fits."""
+        branch = turn.branch
+        return (
+            branch is not None
+            and branch.short > 0
+            and entries is not None
+            and (tokens <= turn.budget.limit)
+        )
 
     def _unchanged(
         self, turn: Turn, entries: Entries | None, tokens_before: int, tokens: int
@@ -228,8 +246,9 @@ class Compactor:
                 # made from a wrong guess would strip every later turn of the session.
                 return self._forward(turn, None, "none", tokens_before, tokens_before)
             written = False
-            if result.plan != turn.plan or instructions is not None:
-                written = await self._save(turn, result, fence)
+            short = result.tokens_after >= turn.budget.compact_tokens
+            if result.plan != turn.plan or instructions is not None or short:
+                written = await self._save(turn, result, fence, short=short)
             saved = result.plan if written and result.degraded else None
         finally:
             if fence is not None:
@@ -249,7 +268,11 @@ class Compactor:
         entries = policies.render_entries(
             request.messages, result.plan, summary_role=request.policy.compaction.summary_role
         )
-        return self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
+        forward = self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
+        if not short:
+            return forward
+        self.prepared.metrics.target_unreachable.labels("compacted").inc()
+        return dataclasses.replace(forward, unreachable=True)
 
     def _count_summary(self, result: policies.Compaction, llm: Bounded | None) -> None:
         """What stood for the evicted history of a compaction that summarised it."""
@@ -305,15 +328,19 @@ class Compactor:
         forward = self._forward(turn, None, "refused", tokens_before, tokens_before)
         return dataclasses.replace(forward, decisions=(*result.decisions, refusal))
 
-    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> bool:
-        """Store the compaction's plan for its branch; whether it was written."""
+    async def _save(
+        self, turn: Turn, result: policies.Compaction, fence: int | None, *, short: bool
+    ) -> bool:
+        """Store the compaction's plan for its branch (`short`: it left the view at the
+        compact level); whether it was written."""
         request = turn.request
         old, new = turn.plan, result.plan
         chain = [m for m in request.messages if not policies.is_system(m)]
         evicted = chain[old.cut : new.cut] + [
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]
-        branch = Branch(new, turn.chain.prefix(new.covered), time.time())
+        floor = max(1, result.floor_tokens) if short else 0
+        branch = Branch(new, turn.chain.prefix(new.covered), time.time(), floor)
         calibration = self.calibration.ratio(request.key)
         decisions = [decision_record(d, shadow=request.shadow) for d in result.decisions]
         candidates = memory_candidates(evicted)

@@ -34,6 +34,9 @@ class Forward:
     # `max_output`) or relayed (nothing the proxy may change could make it pass).
     overflow: str | None = None
     max_output: int | None = None
+    # The view is at the compact level, where no compaction can bring it under (its last
+    # one could not): replayed as it is while it fits, not compacted again every turn.
+    unreachable: bool = False
 
     @property
     def applied(self) -> str:
@@ -61,6 +64,8 @@ class Forward:
             headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
         if self.overflow is not None:
             headers.append(("x-compaction-overflow", self.overflow))
+        if self.unreachable:
+            headers.append(("x-compaction-target", "unreachable"))
         if self.max_output is not None:
             headers.append(("x-compaction-max-tokens", str(self.max_output)))
         if not self.anchors_complete:
