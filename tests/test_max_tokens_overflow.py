@@ -80,7 +80,7 @@ def test_the_overflow_is_relayed_at_once_as_the_upstream_said_it(up: FakeAnthrop
     assert direct.status_code == 400 and prompt < WINDOW
     up.reset()
     with (
-        proxy_server(config(up)) as proxy,
+        proxy_server(config(up, max_tokens_overflow="relay")) as proxy,
         anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
     ):
         with pytest.raises(anthropic.BadRequestError) as refused:
@@ -161,3 +161,27 @@ def chat_lowered(upstream: FakeUpstream, model: str) -> None:
         lowered = int(answer.headers["x-compaction-max-tokens"])
         assert lowered < 16_000 and answer.headers["x-compaction-overflow"] == "max_tokens"
         assert upstream.requests[-1].json == {**body, "max_tokens": lowered}
+
+
+def test_a_claude_code_loop_asking_128k_at_32k_goes_on_compacted(up: FakeAnthropic) -> None:
+    """Claude Code's default max_tokens is 128k whatever the window: under the default policy
+    the proxy reserves its usual output for it, compacts the growing loop to that budget,
+    and sends each request with max_tokens lowered to what the window leaves."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs. " + words(50, 3)}]
+    with (
+        proxy_server(config(up)) as proxy,
+        anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
+    ):
+        for step in range(24):
+            raw = client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=128_000, system=SYSTEM, messages=messages
+            )
+            assert raw.http_response.status_code == 200
+            assert raw.headers["x-compaction-overflow"] == "max_tokens"
+            assert int(raw.headers["x-compaction-max-tokens"]) >= 4096
+            messages += [
+                {"role": "assistant", "content": [{"type": "text", "text": f"Step {step}."}]},
+                {"role": "user", "content": f"Log {step}: {words(1200, step)}"},
+            ]
+        assert up.count({"model": MODEL, "system": SYSTEM, "messages": messages}) > WINDOW
+        assert raw.headers["x-compaction-action"] in ("compacted", "degraded", "replayed")

@@ -134,11 +134,18 @@ class Compactor:
 
     @staticmethod
     def _budget(request: ClientRequest, limits: Limits, ratio: float) -> policies.Budget:
-        """The request's budget in the counter's tokens, the upstream's being `ratio` times."""
-        budget = request.policy.compaction.budget(
-            limits.window, limits.max_output, request.parsed.max_output
-        )
-        return budget.scaled(ratio)
+        """The request's budget in the counter's tokens, the upstream's being `ratio` times.
+
+        A max_tokens that leaves less than half the window for the prompt (Claude Code asks
+        for 128k at any window) is reserved only as far as the policy's output reservation
+        under `max_tokens_overflow: lower`: the upstream's overflow then lowers it."""
+        policy = request.policy.compaction
+        asked = request.parsed.max_output
+        lower = request.policy.max_tokens_overflow == "lower"
+        if lower and asked is not None and asked > limits.window // 2:
+            usual = policy.budget(limits.window, limits.max_output, None).reserved_output
+            asked = min(asked, usual)
+        return policy.budget(limits.window, limits.max_output, asked).scaled(ratio)
 
     @staticmethod
     def _held(turn: Turn, entries: Entries | None, tokens: int) -> bool:

@@ -18,7 +18,7 @@ from proxy.compaction.compactor import Compactor
 from proxy.compaction.forward import Forward
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Upstream
-from proxy.dialects import OutputLimits, StreamOverflow
+from proxy.dialects import OutputLimits, OutputOverflow, StreamOverflow
 from proxy.errors import ContextLengthExceeded, StreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import UpstreamResponse
@@ -28,21 +28,39 @@ async def retried(
     compactor: Compactor, request: ClientRequest, forward: Forward, error: bytes
 ) -> Forward | None:
     """What goes upstream again after it said `forward` overflows its window (`error`, its
-    error answer; empty for a stream's): compacted harder, when that makes the prompt smaller;
-    else, when only the output the request reserved overflowed and the policy says so, with
-    max_tokens lowered to what the window leaves; None when neither (the same body would
-    fail again)."""
+    error answer; empty for a stream's): when only the output the request reserved overflowed
+    and the policy says so, with max_tokens lowered to what the window leaves, if that is at
+    least the output its budget reserved; else compacted harder, when that makes the prompt
+    smaller and the output leaves room for a quarter of it; else lowered to whatever is left;
+    None when none of these (the same body would fail again)."""
+    dialect = request.dialect
+    figures = dialect.output_overflow(error) if isinstance(dialect, OutputLimits) else None
+    if figures is not None and not figures.prompt_fits:
+        figures = None  # the prompt alone is over: compacting is the only way
+    lowered = _lowered(request, forward, figures)
+    if lowered is not None and (lowered.max_output or 0) >= (forward.reserved_output or 0):
+        return lowered
+    if figures is not None and (figures.window - figures.output) * 4 < figures.prompt:
+        return lowered  # the output leaves no room a compaction could make the prompt fit
     try:
         harder: Forward | None = await compactor.retry_harder(request, forward)
     except ContextLengthExceeded:  # even compacted it cannot fit: the upstream's words go
         harder = None
     if harder is not None and harder.tokens_after < forward.tokens_after:
         return dataclasses.replace(harder, overflow="compacted")
+    return lowered
+
+
+def _lowered(
+    request: ClientRequest, forward: Forward, figures: OutputOverflow | None
+) -> Forward | None:
+    """`forward` with max_tokens lowered to what the window leaves the prompt, by the output
+    overflow's own `figures`, when the policy says so and the request can ask for so little
+    (None otherwise)."""
     dialect = request.dialect
-    if request.policy.max_tokens_overflow != "lower" or not isinstance(dialect, OutputLimits):
+    if figures is None or request.policy.max_tokens_overflow != "lower":
         return None
-    figures = dialect.output_overflow(error)
-    if figures is None or not figures.prompt_fits:
+    if not isinstance(dialect, OutputLimits):
         return None
     room = figures.window - figures.prompt
     body = dialect.with_max_output(forward.body, room)
