@@ -209,6 +209,8 @@ def run_client(client: Client, args: argparse.Namespace) -> Run:
                 "LANG": "C.UTF-8",
                 **client.environment(client, home, recorder.origin, args.tell_window),
             }
+            if args.default_max_tokens:  # the client's own default output (Claude Code's 128k)
+                environment.pop("CLAUDE_CODE_MAX_OUTPUT_TOKENS", None)
             command = client.command(client, args.clients.resolve(), task(args.iterations))
             started = time.monotonic()
             try:
@@ -277,6 +279,11 @@ def main() -> None:
         "--subagent-at", type=int, default=None, help="Claude Code: the step a sub-agent does"
     )
     parser.add_argument("--model", default=None, help="the model the client is run with")
+    parser.add_argument(
+        "--default-max-tokens",
+        action="store_true",
+        help="Claude Code: its own default max_tokens, not CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096",
+    )
     parser.add_argument(
         "--tell-window",
         action="store_true",

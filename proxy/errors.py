@@ -6,7 +6,8 @@
     ├── StreamBroken          an upstream stopped sending in the middle of a body
     ├── AnswerTooLarge        an answer the proxy reads whole is larger than it holds
     ├── SummaryFailed         the summarizer gave no usable summary
-    │   └── SummaryPending        not within the request's wait: finished in the background
+    │   ├── SummaryPending        not within the request's wait: finished in the background
+    │   └── SummaryTooShort       too small an output budget to be worth a call: not made
     ├── HookFailed            a compaction hook's call failed: left out (proxy.hooks)
     ├── RecordingError        a recorded file cannot be read (proxy.recordings)
     │   └── ReplayError           a recorded request cannot be replayed (proxy.replay)
@@ -55,6 +56,11 @@ class AnswerTooLarge(ProxyError):
 
 class SummaryFailed(ProxyError):
     """The summarizer gave no usable summary (error, timeout, empty, or cooling down)."""
+
+
+class SummaryTooShort(SummaryFailed):
+    """The summary could have too few tokens to say anything (a window nearly filled by
+    max_tokens leaves a tiny target): no call is made, the digest stands in."""
 
 
 class SummaryPending(SummaryFailed):

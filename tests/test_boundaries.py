@@ -118,10 +118,17 @@ def test_a_max_tokens_that_leaves_no_room_never_strips_the_session(
     raw = orjson.dumps({"model": "gpt-4", "messages": messages, "max_tokens": max_tokens})
     first = http.post(url, content=raw, headers=headers)
     assert first.headers["x-compaction-action"] == "none"
-    assert upstream.requests[-1].body == raw  # forwarded as it came, for the upstream to judge
-    if max_tokens > 0:  # the upstream's own answer: prompt and output exceed its window
-        assert first.status_code == 400
-        assert first.json()["error"]["code"] == "context_length_exceeded"
+    if max_tokens > 0:
+        # Forwarded as it came; the upstream's overflow (prompt and output over its window)
+        # sends it again with max_tokens lowered to what the window leaves
+        # (max_tokens_overflow: lower, the default), the history whole.
+        sent, lowered = upstream.requests[-2:]
+        assert sent.body == raw
+        assert lowered.json == {**orjson.loads(raw), "max_tokens": lowered.json["max_tokens"]}
+        assert first.status_code == 200
+        assert int(first.headers["x-compaction-max-tokens"]) == lowered.json["max_tokens"]
+    else:
+        assert upstream.requests[-1].body == raw  # forwarded as it came, for the upstream
     # The next turn, with room again: the whole history, no plan made for that request.
     second = http.post(url, json={"model": "gpt-4", "messages": messages}, headers=headers)
     assert second.status_code == 200

@@ -133,15 +133,29 @@ async def test_a_turn_that_cannot_fit_is_a_context_length_error() -> None:
 
 
 async def test_max_tokens_that_leave_no_room_forward_unchanged() -> None:
-    p = parts()
+    relay = CONFIG.replace(
+        "{reserved_output_tokens: 512}", "{reserved_output_tokens: 512, max_tokens_overflow: relay}"
+    )
+    p = parts(config_text=relay)
     body = {"model": MODEL, "messages": history(40), "max_tokens": 5000}
     dialect = Chat()
     policy, upstream = p.config.route("chat", MODEL, None)
     parsed = dialect.parse(orjson.dumps(body))
     request = ClientRequest(dialect, parsed, "tenant", "s1", policy, upstream, ())
     forward = await p.compactor.prepare(request)
-    assert (forward.action, forward.can_retry) == ("none", False)
+    assert forward.action == "none"
     assert forward.body is parsed.raw
+    # An overflow is not compacted into no room either.
+    assert await p.compactor.retry_harder(request, forward) is forward
+
+    # By default such a max_tokens counts as the usual output: compacted to leave it room
+    # (the upstream's overflow then lowers max_tokens).
+    p = parts()
+    policy, upstream = p.config.route("chat", MODEL, None)
+    request = ClientRequest(dialect, parsed, "tenant", "s1", policy, upstream, ())
+    forward = await p.compactor.prepare(request)
+    assert forward.action in ("compacted", "degraded")
+    assert forward.reserved_output == 512
 
 
 async def test_retry_harder_halves_the_target_once() -> None:

@@ -108,6 +108,7 @@ policies:
       request_wait_seconds: 1.5
     cache_breakpoints: false
     provider_compaction: serve
+    max_tokens_overflow: relay
     shadow: true
     exact_count: {{via: count_tokens, margin: 0.2, timeout_seconds: 1.5, cooldown_seconds: 5}}
     retrieval:
@@ -197,6 +198,7 @@ def test_every_documented_key_parses(secrets: dict[str, str]) -> None:
     assert policy.summarizer.model == "small-summarizer" and policy.summarizer.retries == 1
     assert not policy.cache_breakpoints and config.policies["cheap"].cache_breakpoints
     assert policy.provider_compaction == "serve"
+    assert policy.max_tokens_overflow == "relay"
     assert config.policies["cheap"].provider_compaction == "relay"
     assert config.compaction_items.signing_key == secrets["CP_TEST_ITEMS_KEY"]
     assert policy.shadow and not config.policies["cheap"].shadow

@@ -71,11 +71,12 @@ class Compactor:
         pending = turn.loaded.state.pending
         if not turn.budget.usable or request.parsed.opaque_reason is not None:
             # max_tokens leaves no room for a prompt: compacting would strip the session to
-            # nothing; or the conversation is held upstream, out of the proxy's sight. The
-            # upstream judges the request as it is.
-            return dataclasses.replace(
-                self._forward(turn, None, "none", tokens_before, tokens_before), can_retry=False
-            )
+            # nothing (an overflow may still lower max_tokens); or the conversation is held
+            # upstream, out of the proxy's sight. The upstream judges the request as it is.
+            forward = self._forward(turn, None, "none", tokens_before, tokens_before)
+            if request.parsed.opaque_reason is None:
+                return forward
+            return dataclasses.replace(forward, can_retry=False)
         status = turn.budget.status(tokens)
         unchanged: Forward | None = None
         exact = self.exact_counts
@@ -94,6 +95,10 @@ class Compactor:
             return self._client_compaction(turn, entries, tokens_before, tokens) or (
                 await self._compact(turn, tokens_before, None, turn.budget.limit)
             )
+        if status == "compact" and pending is None and self._held(turn, entries, tokens):
+            self.prepared.metrics.target_unreachable.labels("held").inc()
+            forward = unchanged or self._unchanged(turn, entries, tokens_before, tokens)
+            return dataclasses.replace(forward, unreachable=True)
         if status == "compact" or pending is not None:
             return await self._compact(turn, tokens_before, pending, None)
         if status == "prepare":
@@ -118,8 +123,11 @@ class Compactor:
         return self._entries(await self._turn(request))
 
     async def retry_harder(self, request: ClientRequest, previous: Forward) -> Forward:
-        """The upstream said the prompt is too long: compact to half the target, once."""
+        """The upstream said the prompt is too long: compact to half the target, once (not
+        when max_tokens leaves no room to compact into: `previous` again)."""
         turn = await self._turn(request)
+        if not turn.budget.usable:
+            return previous
         target = max(1, min(turn.budget.target_tokens, previous.tokens_after) // 2)
         forward = await self._compact(turn, previous.tokens_before, None, target)
         if self.kept is not None:
@@ -155,11 +163,32 @@ class Compactor:
 
     @staticmethod
     def _budget(request: ClientRequest, limits: Limits, ratio: float) -> policies.Budget:
-        """The request's budget in the counter's tokens, the upstream's being `ratio` times."""
-        budget = request.policy.compaction.budget(
-            limits.window, limits.max_output, request.parsed.max_output
+        """The request's budget in the counter's tokens, the upstream's being `ratio` times.
+
+        A max_tokens that leaves less than half the window for the prompt (Claude Code asks
+        for 128k at any window) is reserved only as far as the policy's output reservation
+        under `max_tokens_overflow: lower`: the upstream's overflow then lowers it."""
+        policy = request.policy.compaction
+        asked = request.parsed.max_output
+        lower = request.policy.max_tokens_overflow == "lower"
+        if lower and asked is not None and asked > limits.window // 2:
+            usual = policy.budget(limits.window, limits.max_output, None).reserved_output
+            asked = min(asked, usual)
+        return policy.budget(limits.window, limits.max_output, asked).scaled(ratio)
+
+    @staticmethod
+    def _held(turn: Turn, entries: Entries | None, tokens: int) -> bool:
+        """Whether the view stays as the branch's plan makes it, though at the compact level:
+        that plan's compaction could not bring it under (its fixed part and current turn were
+        over), so another would only change the prefix again; it is redone once the view no
+        longer fits."""
+        branch = turn.branch
+        return (
+            branch is not None
+            and branch.short > 0
+            and entries is not None
+            and (tokens <= turn.budget.limit)
         )
-        return budget.scaled(ratio)
 
     def _unchanged(
         self, turn: Turn, entries: Entries | None, tokens_before: int, tokens: int
@@ -259,8 +288,9 @@ class Compactor:
                 # made from a wrong guess would strip every later turn of the session.
                 return self._forward(turn, None, "none", tokens_before, tokens_before)
             written = False
-            if result.plan != turn.plan or instructions is not None:
-                written = await self._save(turn, result, fence)
+            short = result.tokens_after >= turn.budget.compact_tokens
+            if result.plan != turn.plan or instructions is not None or short:
+                written = await self._save(turn, result, fence, short=short)
             saved = result.plan if written and result.degraded else None
         finally:
             if fence is not None:
@@ -280,7 +310,11 @@ class Compactor:
         entries = policies.render_entries(
             request.messages, result.plan, summary_role=request.policy.compaction.summary_role
         )
-        return self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
+        forward = self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
+        if not short:
+            return forward
+        self.prepared.metrics.target_unreachable.labels("compacted").inc()
+        return dataclasses.replace(forward, unreachable=True)
 
     def _count_summary(self, result: policies.Compaction, llm: Bounded | None) -> None:
         """What stood for the evicted history of a compaction that summarised it."""
@@ -336,15 +370,19 @@ class Compactor:
         forward = self._forward(turn, None, "refused", tokens_before, tokens_before)
         return dataclasses.replace(forward, decisions=(*result.decisions, refusal))
 
-    async def _save(self, turn: Turn, result: policies.Compaction, fence: int | None) -> bool:
-        """Store the compaction's plan for its branch; whether it was written."""
+    async def _save(
+        self, turn: Turn, result: policies.Compaction, fence: int | None, *, short: bool
+    ) -> bool:
+        """Store the compaction's plan for its branch (`short`: it left the view at the
+        compact level); whether it was written."""
         request = turn.request
         old, new = turn.plan, result.plan
         chain = [m for m in request.messages if not policies.outside_chain(m)]
         evicted = [chain[p] for p in range(old.cut, new.cut) if p != new.task] + [
             chain[p] for p, edit in new.edits.items() if edit is None and p not in old.edits
         ]
-        branch = Branch(new, turn.chain.prefix(new.covered), time.time())
+        floor = max(1, result.floor_tokens) if short else 0
+        branch = Branch(new, turn.chain.prefix(new.covered), time.time(), floor)
         calibration = self.calibration.ratio(request.key)
         decisions = [decision_record(d, shadow=request.shadow) for d in result.decisions]
         candidates = memory_candidates(evicted)

@@ -38,6 +38,13 @@ class Forward:
     # least loss, no summary prepared for it.
     client_compaction: bool = False
     retrieval: bool = False  # the body carries the retrieval tool, which the proxy answers
+    # What became of an upstream overflow: compacted (harder), max_tokens (lowered to
+    # `max_output`) or relayed (nothing the proxy may change could make it pass).
+    overflow: str | None = None
+    max_output: int | None = None
+    # The view is at the compact level, where no compaction can bring it under (its last
+    # one could not): replayed as it is while it fits, not compacted again every turn.
+    unreachable: bool = False
 
     @property
     def applied(self) -> str:
@@ -63,6 +70,12 @@ class Forward:
         ]
         if self.ratio != 1.0:
             headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
+        if self.overflow is not None:
+            headers.append(("x-compaction-overflow", self.overflow))
+        if self.unreachable:
+            headers.append(("x-compaction-target", "unreachable"))
+        if self.max_output is not None:
+            headers.append(("x-compaction-max-tokens", str(self.max_output)))
         if not self.anchors_complete:
             headers.append(("x-compaction-anchors", "truncated"))
         if self.client_compaction:

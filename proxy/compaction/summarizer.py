@@ -19,7 +19,7 @@ from proxy.compaction.turn import ClientRequest
 from proxy.config import Config, Policy, Upstream
 from proxy.config import Summarizer as SummarizerSettings
 from proxy.dialects import Dialect, Entitlements, dialect_of_kind
-from proxy.errors import SummaryFailed
+from proxy.errors import SummaryFailed, SummaryTooShort
 from proxy.models.limits import ModelLimits
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import read_whole
@@ -52,6 +52,10 @@ SUMMARY_HEADER = ("x-compaction-summary", "1")
 # Instructions for a summary (from a pre_compact hook or the admin API) are bounded: they go
 # into every summary request of the session.
 MAX_INSTRUCTIONS = 4000
+# A summary allowed fewer tokens for more than this many times as much history says next to
+# nothing (a target squeezed by a large max_tokens): no call is made, the digest stands in.
+MIN_SUMMARY_TOKENS = 128
+MAX_SQUEEZE = 4
 
 
 def transcript(messages: list[policies.Message]) -> str:
@@ -189,6 +193,11 @@ class LLMSummarizer:
         return self.cooldowns.cooling(*self.breakers.values())
 
     async def __call__(self, request: policies.SummaryRequest) -> str:
+        if request.max_tokens < MIN_SUMMARY_TOKENS:
+            evicted = sum(map(self.counter.message, request.evicted))
+            if evicted > request.max_tokens * MAX_SQUEEZE:
+                self.metrics.summaries.labels("too_short").inc()
+                raise SummaryTooShort(f"{evicted} tokens in a summary of {request.max_tokens}")
         previous = request.previous
         text = ""
         for chunk in self._chunks(request):

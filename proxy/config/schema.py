@@ -178,6 +178,8 @@ class Policy:
     # Responses API: provider compaction (/v1/responses/compact, a compaction_trigger item)
     # relayed to the upstream, or served by the proxy itself (docs/responses.md).
     provider_compaction: Literal["relay", "serve"] = "relay"
+    # An overflow by max_tokens no compaction makes room for: relayed, or max_tokens lowered.
+    max_tokens_overflow: Literal["relay", "lower"] = "lower"
     # Compute, store and report what compaction would do, but forward the client's request
     # unchanged (a rollout that only observes).
     shadow: bool = False

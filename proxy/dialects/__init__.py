@@ -10,6 +10,8 @@ from proxy.dialects.base import Dialect, Entries, Parsed, Usage
 from proxy.dialects.capabilities import (
     CacheBreakpoints,
     Entitlements,
+    OutputLimits,
+    OutputOverflow,
     StreamOverflow,
     StreamStartUsage,
     TokenCounting,
@@ -32,6 +34,8 @@ __all__ = [
     "Dialect",
     "Entitlements",
     "Entries",
+    "OutputLimits",
+    "OutputOverflow",
     "Parsed",
     "StreamOverflow",
     "StreamStartUsage",

@@ -8,13 +8,15 @@ a dialect without it is left alone.
                        use (Anthropic's 1M-context beta, a subscription's token)
     StreamStartUsage   usage at the start of a stream (Anthropic's message_start)
     StreamOverflow     an overflow reported inside a 200 stream (the Responses API's)
+    OutputLimits       a window that holds the prompt and the output a request reserves
+                       (max_tokens), an overflow error that says which overflowed
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from proxy.dialects.base import Dialect, Entries, Parsed, Usage
 
@@ -77,3 +79,30 @@ class StreamOverflow(Dialect):
     def stream_overflow(self, head: bytes) -> bool | None:
         """Whether the first bytes of a streamed 200 answer say the prompt is over the window
         (None: not known yet)."""
+
+
+class OutputOverflow(NamedTuple):
+    """An overflow error's own figures, in the upstream's tokens: `prompt + output > window`."""
+
+    prompt: int
+    output: int  # the output the request reserved (max_tokens)
+    window: int
+
+    @property
+    def prompt_fits(self) -> bool:
+        """Whether the prompt alone fits: only the reserved output overflowed."""
+        return self.prompt < self.window
+
+
+class OutputLimits(Dialect):
+    """An API whose window must hold the prompt and the output the request reserves: its
+    overflow error says both, and a request may ask for less output."""
+
+    @abstractmethod
+    def output_overflow(self, payload: bytes) -> OutputOverflow | None:
+        """The figures of an overflow error that counts the reserved output (None: not one)."""
+
+    @abstractmethod
+    def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
+        """`body` reserving `max_output` output tokens; None when it cannot (the request's own
+        rules want more, such as extended thinking's budget)."""

@@ -101,3 +101,13 @@ def invalid_type(param: str, expected: str, value: Any) -> InvalidRequest:
         param=param,
         code="invalid_type",
     )
+
+
+def error_field(payload: bytes, name: str) -> str | None:
+    """A string field of the `error` object of an error body (OpenAI's and Anthropic's)."""
+    try:
+        error = orjson.loads(payload).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    value = error.get(name) if isinstance(error, dict) else None
+    return value if isinstance(value, str) else None

@@ -307,6 +307,13 @@ class Metrics:
             " the next request that continues one is answered previous_response_not_found.",
             registry=r,
         )
+        self.target_unreachable = Counter(
+            "compaction_proxy_target_unreachable",
+            "Compactions that left the view at the compact level (fixed part and current turn"
+            " over it: compacted), and turns replayed as they were rather than compacted again.",
+            ["event"],
+            registry=r,
+        )
         self.summaries = Counter(
             "compaction_proxy_summaries",
             "Summarizer calls by outcome.",

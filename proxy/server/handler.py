@@ -2,12 +2,12 @@
 
 Read, identify (tenant, session), route, compact (proxy.compactor), forward, relay the answer
 unchanged. Before any byte has gone to the client, an upstream answer that says the prompt is
-over the window is retried once, compacted harder (the reactive path).
+over the window is sent again once with what can make it pass, else relayed (the reactive
+path, `overflows`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.forward import Forward, dashboard_turn
 from proxy.compaction.turn import ClientRequest
-from proxy.config import Config, NoRoute, Policy, Upstream
+from proxy.config import Config, NoRoute, Policy
 from proxy.dialects import (
     Dialect,
     Entitlements,
@@ -33,12 +33,13 @@ from proxy.errors import (
     APIError,
     InvalidRequest,
     StreamBroken,
-    UpstreamTimeout,
     UpstreamUnreachable,
 )
 from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics, RequestLabels
 from proxy.server.incoming import query_string, read_body
+from proxy.server.overflows import retried as overflow_retry
+from proxy.server.overflows import stream_head
 from proxy.server.relay import Relay, after, relayed, whole_response
 from proxy.server.retrieval_rounds import RetrievalRounds, Settled, whole_answers
 from proxy.server.tenants import Tenants
@@ -131,11 +132,12 @@ class Handler:
         response = await send(forward)
         idle = upstream.timeouts.stream_idle
         chunks = response.chunks(idle)
-        head = b""
+        head = error = b""
         if response.status >= 400 and forward.can_retry:
-            error = await read_bounded(response, idle, ERROR_BYTES)
-            if isinstance(error, Unread):  # larger than any overflow's error
-                return self._pass_on(client_request, labels, forward, error, overhead, idle)
+            read = await read_bounded(response, idle, ERROR_BYTES)
+            if isinstance(read, Unread):  # larger than any overflow's error
+                return self._pass_on(client_request, labels, forward, read, overhead, idle)
+            error = read
             if not self.dialect.is_overflow(response.status, error):
                 return self._finish(client_request, labels, forward, response, error, overhead)
             overflow = True
@@ -145,18 +147,27 @@ class Handler:
             and forward.can_retry
             and isinstance(self.dialect, StreamOverflow)
         ):
-            head, overflow = await self._stream_head(self.dialect, response, chunks, upstream)
+            head, overflow = await stream_head(
+                self.dialect, response, chunks, upstream, self.metrics
+            )
         else:
             overflow = False
         if overflow:
-            # Reactive path: the counter under-estimated; compact harder and retry once,
-            # before any byte has gone to the client.
-            response.close()
-            head = b""
-            self.metrics.upstream_retries.labels(upstream.name, "overflow").inc()
-            forward = await self.compactor.retry_harder(client_request, forward)
-            response = await send(forward)
-            chunks = response.chunks(idle)
+            # Reactive path, before any byte has gone to the client: sent again once, with
+            # what can make it pass, else the overflow is relayed as it came.
+            retried = await overflow_retry(self.compactor, client_request, forward, error)
+            if retried is None:
+                forward = dataclasses.replace(forward, overflow="relayed")
+                if not head:
+                    return self._finish(client_request, labels, forward, response, error, overhead)
+            else:
+                response.close()
+                head = b""
+                forward = retried
+                reason = "overflow" if retried.max_output is None else "max_tokens"
+                self.metrics.upstream_retries.labels(upstream.name, reason).inc()
+                response = await send(forward)
+                chunks = response.chunks(idle)
         self.metrics.upstream_latency.labels(*labels).observe(time.perf_counter() - sent)
 
         retrieving = forward.retrieval and response.status == 200 and self.rounds is not None
@@ -275,37 +286,6 @@ class Handler:
                 headers += SSE_HEADERS if sse else []
                 headers.append(("content-type", SSE_TYPE if sse else "application/json"))
         return whole_response(payload, status, headers)
-
-    async def _stream_head(
-        self,
-        dialect: StreamOverflow,
-        response: UpstreamResponse,
-        chunks: AsyncIterator[bytes],
-        upstream: Upstream,
-    ) -> tuple[bytes, bool]:
-        """The first bytes of a stream, read until `dialect` (the handler's) can tell whether
-        they report an overflow, and its verdict."""
-        head = b""
-        verdict = dialect.stream_overflow(head)
-        try:
-            async with asyncio.timeout(upstream.timeouts.first_byte):
-                while verdict is None:
-                    chunk = await anext(chunks, b"")
-                    if not chunk:
-                        break
-                    head += chunk
-                    verdict = dialect.stream_overflow(head)
-        except TimeoutError:
-            response.close()
-            self.metrics.upstream_timeouts.labels(upstream.name, "first_byte").inc()
-            raise UpstreamTimeout(
-                f"upstream {upstream.name!r} sent no events within "
-                f"{upstream.timeouts.first_byte:g} s"
-            ) from None
-        except StreamBroken as exc:
-            response.close()
-            raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
-        return head, bool(verdict)
 
     def _relay(
         self,

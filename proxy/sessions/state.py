@@ -32,6 +32,9 @@ class Branch:
     plan: policies.Plan
     chain: str
     used: float
+    # The plan's compaction could not bring the view under the compact level (the floor, in
+    # tokens: fixed part and current turn): it is replayed, not redone, while the view fits.
+    short: int = 0
 
     def matches(self, chain: policies.Chain) -> bool:
         return self.plan.covered == 0 or chain.prefix(self.plan.covered) == self.chain
@@ -85,7 +88,9 @@ class SessionState:
         """Plain data: what is stored, and what the admin API shows."""
         return {
             "branches": [
-                {"plan": b.plan.to_dict(), "chain": b.chain, "used": b.used} for b in self.branches
+                {"plan": b.plan.to_dict(), "chain": b.chain, "used": b.used}
+                | ({"short": b.short} if b.short else {})
+                for b in self.branches
             ],
             "prepared": dataclasses.asdict(self.prepared) if self.prepared else None,
             "decisions": self.decisions,
@@ -109,7 +114,12 @@ class SessionState:
             prompt_cache = raw.get("prompt_cache")
             state = cls(
                 branches=tuple(
-                    Branch(policies.Plan.from_dict(b["plan"]), str(b["chain"]), float(b["used"]))
+                    Branch(
+                        policies.Plan.from_dict(b["plan"]),
+                        str(b["chain"]),
+                        float(b["used"]),
+                        int(b.get("short", 0)),
+                    )
                     for b in _expect(raw["branches"], list)
                 ),
                 prepared=_checked_prepared(Prepared(**prepared)) if prepared else None,

@@ -30,9 +30,12 @@ from proxy.dialects.base import Entries, Parsed, Usage
 from proxy.dialects.capabilities import (
     CacheBreakpoints,
     Entitlements,
+    OutputLimits,
+    OutputOverflow,
     StreamStartUsage,
     TokenCounting,
 )
+from proxy.dialects.json_checks import error_field
 from proxy.dialects.raw_items import SPLIT_FROM
 from proxy.errors import APIError, SummaryFailed
 from proxy.models.tokens import TokenCounter
@@ -48,7 +51,14 @@ ERROR_TYPES = {
     529: "overloaded_error",
 }
 OVERFLOW = ("prompt is too long", "input length and `max_tokens` exceed context limit")
+# The API's words, which Claude Code parses to retry with less max_tokens by itself.
+_OUTPUT_OVERFLOW = re.compile(
+    r"^input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)"
+)
 SESSION_HEADER = "x-claude-code-session-id"
+# A Claude Code sub-agent sends its parent's session id and its own agent id: a conversation
+# of its own, in parallel with its parent's.
+AGENT_HEADER = "x-claude-code-agent-id"
 # Claude Code's older `metadata.user_id`: user_<hash>_account_<uuid or nothing>_session_<uuid>;
 # newer versions send a JSON object as that string, with a `session_id`.
 _USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]+)$")
@@ -66,7 +76,7 @@ COUNT_FIELDS = frozenset(
 )
 
 
-class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage):
+class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage, OutputLimits):
     name = "messages"
     path = "/v1/messages"
     upstream_path = "/messages"  # below a base URL such as https://api.anthropic.com/v1
@@ -91,11 +101,12 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage):
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         named = headers.get(SESSION_HEADER)
-        if named:
-            return named
-        metadata = parsed.body.get("metadata")
-        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-        return user_id_session(user_id) if isinstance(user_id, str) else None
+        if not named:
+            metadata = parsed.body.get("metadata")
+            user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+            named = user_id_session(user_id) if isinstance(user_id, str) else None
+        agent = headers.get(AGENT_HEADER)
+        return f"{named}/agent/{agent}" if named and agent else named
 
     def fixed_tokens(self, parsed: Parsed, counter: TokenCounter) -> int:
         body = parsed.body
@@ -164,14 +175,22 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage):
         )
 
     def is_overflow(self, status: int, payload: bytes) -> bool:
-        if status != 400:
-            return False
-        try:
-            error = orjson.loads(payload).get("error")
-        except (orjson.JSONDecodeError, AttributeError):
-            return False
-        message = error.get("message") if isinstance(error, dict) else None
-        return isinstance(message, str) and message.startswith(OVERFLOW)
+        message = error_field(payload, "message") if status == 400 else None
+        return message is not None and message.startswith(OVERFLOW)
+
+    def output_overflow(self, payload: bytes) -> OutputOverflow | None:
+        found = _OUTPUT_OVERFLOW.match(error_field(payload, "message") or "")
+        return None if found is None else OutputOverflow(*map(int, found.groups()))
+
+    def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
+        request = orjson.loads(body)
+        thinking = request.get("thinking")
+        # Extended thinking's budget is part of max_tokens, which must stay above it.
+        budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+        floor = budget + 1 if isinstance(budget, int) and thinking.get("type") == "enabled" else 1
+        if max_output < floor:
+            return None
+        return orjson.dumps({**request, "max_tokens": max_output})
 
     def summary_body(
         self, model: str, system: str, prompt: str, max_tokens: int, temperature: float

@@ -8,14 +8,17 @@ of unchanged messages written as the client's bytes of it.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from policies import Message
 from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
 from proxy.dialects.anthropic.breakpoints import with_breakpoints
 from proxy.dialects.base import Entries, Parsed
+
+MARK_LOOKBACK = 8  # messages before a breakpoint's place where one with blocks takes it
 
 
 def summary_items(header: Message) -> list[Any]:
@@ -145,12 +148,27 @@ def _marked(
     backwards = range(len(sources) - 1, -1, -1)
     rewritten = stable = None
     if last_edit is not None:
-        rewritten = next(
-            (p for p in backwards if (at := sources[p]) is None or at <= last_edit), None
+        rewritten = _markable(
+            items, (p for p in backwards if (at := sources[p]) is None or at <= last_edit)
         )
-    stable = next((p for p in backwards if (at := sources[p]) is not None and at < repeated), None)
+    stable = _markable(
+        items, (p for p in backwards if (at := sources[p]) is not None and at < repeated)
+    )
     marks = [position for position in (rewritten, stable) if position is not None]
     return with_breakpoints(parsed.body, parsed.raw, items, marks)
+
+
+def _markable(items: list[Any], positions: Iterator[int]) -> int | None:
+    """The first of `positions` whose message has blocks, among the next few (a cache entry
+    is found that far back), else the first: a breakpoint makes a message's string content a
+    text block, which it would stop being the turn after, when the breakpoint has moved on
+    (the bytes of a replayed prefix would change, as Claude Code's string system messages
+    did)."""
+    first = next(positions, None)
+    if first is None or isinstance(items[first].get("content"), list):
+        return first
+    near = itertools.islice(positions, MARK_LOOKBACK)
+    return next((p for p in near if isinstance(items[p].get("content"), list)), first)
 
 
 def _as_sent(parsed: Parsed, items: list[Any], sources: Sequence[int | None]) -> list[Any]:

@@ -8,6 +8,7 @@ by them, not parsed and checked again, and goes upstream as them when the view l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,10 +16,12 @@ import orjson
 
 from policies import Message
 from proxy.dialects.base import Parsed, Usage
+from proxy.dialects.capabilities import OutputLimits, OutputOverflow
 from proxy.dialects.json_checks import (
     BadField,
     all_typed_objects,
     check_string,
+    error_field,
     invalid_type,
     load_object,
     optional_int,
@@ -32,8 +35,13 @@ from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownItems
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.models.tokens import TokenCounter
 
+# OpenAI's words: "This model's maximum context length is W tokens. However, you requested T
+# tokens (M in the messages, [F in the functions,] C in the completion). ..."
+_REQUESTED = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) ")
+_COMPLETION = re.compile(r"\((?:[^)]*, )?(\d+) in the completion\)")
 
-class Chat(OpenAIDialect):
+
+class Chat(OpenAIDialect, OutputLimits):
     name = "chat"
     path = "/v1/chat/completions"
     upstream_path = "/chat/completions"
@@ -99,6 +107,22 @@ class Chat(OpenAIDialect):
                 if usage is not None:
                     return usage
         return None
+
+    def output_overflow(self, payload: bytes) -> OutputOverflow | None:
+        message = error_field(payload, "message") or ""
+        requested, completion = _REQUESTED.search(message), _COMPLETION.search(message)
+        if requested is None or completion is None:
+            return None
+        window, total = map(int, requested.groups())
+        output = int(completion.group(1))
+        return OutputOverflow(total - output, output, window)
+
+    def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
+        request = orjson.loads(body)
+        name = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
+        if max_output < 1 or name not in request:
+            return None
+        return orjson.dumps({**request, name: max_output})
 
     def summary_body(
         self, model: str, system: str, prompt: str, max_tokens: int, temperature: float

@@ -29,7 +29,9 @@ from proxy.dialects.sse import EventStream
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.models.tokens import TokenCounter
 
-SESSION_HEADER = "session_id"  # where Codex CLI names its session
+# Where Codex CLI names its conversation: the thread (a sub-agent's thread is its own, under
+# its parent's `session-id`); before it sent `thread-id`, the session as `session_id`.
+SESSION_HEADERS = ("thread-id", "session-id", "session_id")
 HELD_UPSTREAM = ("previous_response_id", "conversation")  # fields naming a history held upstream
 MIN_OUTPUT_TOKENS = 16  # the API refuses a lower max_output_tokens
 # The events that open every stream, before the one that may report an overflow.
@@ -70,9 +72,11 @@ class Responses(OpenAIDialect, StreamOverflow):
 
     def session_hint(self, headers: Mapping[str, str], parsed: Parsed) -> str | None:
         metadata = parsed.body.get("metadata")
+        thread, *sessions = (headers.get(name) for name in SESSION_HEADERS)
         for value in (
-            headers.get(SESSION_HEADER),
-            parsed.body.get("prompt_cache_key"),
+            thread,
+            parsed.body.get("prompt_cache_key"),  # Codex's: its conversation (the thread)
+            *sessions,
             metadata.get("session_id") if isinstance(metadata, dict) else None,
         ):
             if isinstance(value, str) and value:

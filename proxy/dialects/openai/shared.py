@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.dialects.base import Dialect, Usage
+from proxy.dialects.json_checks import error_field
 from proxy.errors import APIError
 
 REASONING_HEADROOM_TOKENS = 2048  # output room for a reasoning model's reasoning
@@ -69,9 +70,4 @@ def is_reasoning_model(model: str) -> bool:
 
 def openai_error_code(payload: bytes) -> str | None:
     """The `error.code` of an OpenAI error body, if it is one."""
-    try:
-        error = orjson.loads(payload).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else None
+    return error_field(payload, "code")
