@@ -32,7 +32,7 @@ from policies.pipeline import Compaction, compact, make_context, run_layer
 from policies.plan import HEADINGS, Plan, header_message, render, render_entries
 from policies.policy import Policy
 from policies.prepared import Rolled, roll_prepared
-from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest
+from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest, too_short
 
 __all__ = [
     "DEFAULT_LAYERS",
@@ -80,6 +80,7 @@ __all__ = [
     "roll_prepared",
     "rounds",
     "run_layer",
+    "too_short",
     "tool_blocks",
     "tool_pair_problems",
 ]

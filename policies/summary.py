@@ -52,3 +52,17 @@ class SummaryRequest:
 
 
 Summarizer = Callable[[SummaryRequest], Awaitable[str]]
+
+
+# A summary allowed fewer tokens for more than this many times as much history says next to
+# nothing (a target squeezed by a large max_tokens): no call is made, the digest stands in.
+MIN_SUMMARY_TOKENS = 128
+MAX_SQUEEZE = 4
+
+
+def too_short(request: SummaryRequest, count: Callable[[Message], int]) -> bool:
+    """Whether `request`'s cap is too small for what it evicts to be worth a summarizer's
+    call (a choice, not a failure: the digest stands in)."""
+    if request.max_tokens >= MIN_SUMMARY_TOKENS:
+        return False
+    return sum(map(count, request.evicted)) > request.max_tokens * MAX_SQUEEZE

@@ -95,8 +95,6 @@ def test_the_overflow_is_relayed_at_once_as_the_upstream_said_it(up: FakeAnthrop
         )
         assert len(sent(up)) == 1  # never the same body twice
         assert up.summary_calls == 0  # a summary of ~70 tokens is not worth a call
-        with httpx.Client() as http:
-            assert metric(http, proxy, "compaction_proxy_summaries_total", outcome="too_short")
 
 
 def test_lowered_under_the_policy_and_said_so(up: FakeAnthropic) -> None:

@@ -31,7 +31,7 @@ from policies import (
 from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import SHORTENED, TrimHeadParams
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
-from policies.summary import TAIL_HEADING
+from policies.summary import TAIL_HEADING, too_short
 from tests.conftest import examples
 from tests.conversations import (
     ANCHOR,
@@ -613,3 +613,27 @@ async def test_trim_head_keeps_the_newest_anchors_of_what_it_drops() -> None:
     assert len(kept) < len(dropped)
     assert COUNTER.text(plan.anchor_block) <= ctx.anchor_block_max_tokens
     assert decision.tokens_after <= ctx.target_tokens
+
+
+async def test_a_summary_too_short_to_be_worth_a_call_is_not_asked_for() -> None:
+    """A cap under MIN_SUMMARY_TOKENS for more than MAX_SQUEEZE times as much history: the
+    digest stands in, by choice (not `degraded`: nothing failed)."""
+    messages = chat(12, 60)
+    recorder = Recorder()
+    ctx = context(messages, 4096, summarizer=recorder)
+    squeezed = SummarizeParams(input_share=0.01, target_share=0.01)
+    plan, (decision,) = await run("summarize", messages, Plan(), ctx, squeezed)
+
+    assert recorder.requests == []
+    assert plan.summary is not None and plan.summary.kind == "digest"
+    assert decision.detail.startswith("digest: too short")
+    # The same eviction with a cap worth a call asks the summarizer.
+    await run("summarize", messages, Plan(), ctx, SummarizeParams())
+    assert len(recorder.requests) == 1
+
+
+def test_too_short_weighs_the_cap_against_what_it_would_squeeze() -> None:
+    evicted = [{"role": "user", "content": "x" * 4000}]  # 1,004 tokens by the CharCounter
+    assert too_short(SummaryRequest(None, evicted, 100, None), COUNTER.message)
+    assert not too_short(SummaryRequest(None, evicted, 300, None), COUNTER.message)  # not under 128
+    assert not too_short(SummaryRequest(None, evicted[:0], 100, None), COUNTER.message)

@@ -19,7 +19,7 @@ from policies.context import Context
 from policies.digest import digest
 from policies.draft import Draft
 from policies.message import media_as_labels, visible_text
-from policies.summary import TAIL_HEADING, Summary, SummaryRequest
+from policies.summary import TAIL_HEADING, Summary, SummaryRequest, too_short
 
 OVERLONG_SLACK = 1.1  # the summarizer's tokenizer may count its output lower than ours
 
@@ -172,6 +172,8 @@ async def _llm_summary(request: SummaryRequest, ctx: Context) -> tuple[str | Non
     """The summarizer's summary, or None and the reason a digest takes its place."""
     if ctx.summarizer is None:
         return None, "digest"
+    if too_short(request, ctx.counter.message):
+        return None, "digest: too short a summary to be worth a call"
     try:
         text = await ctx.summarizer(request)
     except Exception as error:  # any failure of the injected summarizer degrades

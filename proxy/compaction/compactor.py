@@ -26,7 +26,7 @@ from proxy.dialects import Entries, Usage
 from proxy.errors import ContextLengthExceeded, SummaryPending
 from proxy.memo import MessageDigests, content_keys
 from proxy.models.calibration import Calibration
-from proxy.models.limits import Limits, ModelLimits
+from proxy.models.limits import ModelLimits
 from proxy.sessions.sessions import Lock, Sessions
 from proxy.sessions.state import Branch, SessionState, decision_record
 
@@ -88,14 +88,14 @@ class Compactor:
             unchanged = self._unchanged(turn, entries, tokens_before, tokens)
             ratio = await exact.ratio(turn, api, unchanged.body, unchanged.tokens_sent)
             if ratio is not None:
-                turn.budget = self._budget(turn.request, turn.limits, ratio)
+                turn.budget = turn.request.budget(turn.limits, ratio)
                 turn.ratio = ratio
                 status = turn.budget.status(tokens)
         if turn.request.client_compaction and pending is None:
             return self._client_compaction(turn, entries, tokens_before, tokens) or (
                 await self._compact(turn, tokens_before, None, turn.budget.limit)
             )
-        if status == "compact" and pending is None and self._held(turn, entries, tokens):
+        if status == "compact" and pending is None and turn.held(entries, tokens):
             self.prepared.metrics.target_unreachable.labels("held").inc()
             forward = unchanged or self._unchanged(turn, entries, tokens_before, tokens)
             return dataclasses.replace(forward, unreachable=True)
@@ -151,7 +151,7 @@ class Compactor:
         loaded = await self.sessions.load(request.key)
         exact = limits.counter.mode == "exact"
         ratio = self.calibration.effective(request.key, loaded.state.calibration, exact=exact)
-        budget = self._budget(request, limits, ratio)
+        budget = request.budget(limits, ratio)
         messages = request.messages
         keys = request.parsed.keys or content_keys(messages)
         counts = limits.counter.counts(messages, keys)
@@ -160,35 +160,6 @@ class Compactor:
         branch = loaded.state.branch(chain)
         kept = None if self.kept is None else await self.kept.load(request)
         return Turn(request, limits, budget, fixed, counts, chain, loaded, branch, ratio, kept)
-
-    @staticmethod
-    def _budget(request: ClientRequest, limits: Limits, ratio: float) -> policies.Budget:
-        """The request's budget in the counter's tokens, the upstream's being `ratio` times.
-
-        A max_tokens that leaves less than half the window for the prompt (Claude Code asks
-        for 128k at any window) is reserved only as far as the policy's output reservation
-        under `max_tokens_overflow: lower`: the upstream's overflow then lowers it."""
-        policy = request.policy.compaction
-        asked = request.parsed.max_output
-        lower = request.policy.max_tokens_overflow == "lower"
-        if lower and asked is not None and asked > limits.window // 2:
-            usual = policy.budget(limits.window, limits.max_output, None).reserved_output
-            asked = min(asked, usual)
-        return policy.budget(limits.window, limits.max_output, asked).scaled(ratio)
-
-    @staticmethod
-    def _held(turn: Turn, entries: Entries | None, tokens: int) -> bool:
-        """Whether the view stays as the branch's plan makes it, though at the compact level:
-        that plan's compaction could not bring it under (its fixed part and current turn were
-        over), so another would only change the prefix again; it is redone once the view no
-        longer fits."""
-        branch = turn.branch
-        return (
-            branch is not None
-            and branch.short > 0
-            and entries is not None
-            and (tokens <= turn.budget.limit)
-        )
 
     def _unchanged(
         self, turn: Turn, entries: Entries | None, tokens_before: int, tokens: int
@@ -321,8 +292,10 @@ class Compactor:
         detail = next((d.detail for d in result.decisions if d.layer == "summarize"), "")
         if detail == "llm":
             kind = "llm" if llm is not None and llm.calls else "prepared"
-        elif detail.startswith("degraded"):
+        elif detail.startswith(("degraded", "digest:")):
             kind = "digest"
+            if detail.startswith("digest: too short"):  # the layer made no call (too_short)
+                self.prepared.metrics.summaries.labels("too_short").inc()
         else:
             return
         self.prepared.metrics.compaction_summaries.labels(kind).inc()

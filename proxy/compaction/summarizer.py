@@ -52,10 +52,6 @@ SUMMARY_HEADER = ("x-compaction-summary", "1")
 # Instructions for a summary (from a pre_compact hook or the admin API) are bounded: they go
 # into every summary request of the session.
 MAX_INSTRUCTIONS = 4000
-# A summary allowed fewer tokens for more than this many times as much history says next to
-# nothing (a target squeezed by a large max_tokens): no call is made, the digest stands in.
-MIN_SUMMARY_TOKENS = 128
-MAX_SQUEEZE = 4
 
 
 def transcript(messages: list[policies.Message]) -> str:
@@ -193,11 +189,9 @@ class LLMSummarizer:
         return self.cooldowns.cooling(*self.breakers.values())
 
     async def __call__(self, request: policies.SummaryRequest) -> str:
-        if request.max_tokens < MIN_SUMMARY_TOKENS:
-            evicted = sum(map(self.counter.message, request.evicted))
-            if evicted > request.max_tokens * MAX_SQUEEZE:
-                self.metrics.summaries.labels("too_short").inc()
-                raise SummaryTooShort(f"{evicted} tokens in a summary of {request.max_tokens}")
+        if policies.too_short(request, self.counter.message):
+            self.metrics.summaries.labels("too_short").inc()
+            raise SummaryTooShort(f"a summary of {request.max_tokens} tokens for too much")
         previous = request.previous
         text = ""
         for chunk in self._chunks(request):

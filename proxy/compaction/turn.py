@@ -52,6 +52,20 @@ class ClientRequest:
         """Whether this is the client's own compaction request (`Dialect.client_compaction`)."""
         return self.dialect.client_compaction(self.parsed)
 
+    def budget(self, limits: Limits, ratio: float) -> policies.Budget:
+        """The request's budget in the counter's tokens, the upstream's being `ratio` times.
+
+        A max_tokens that leaves less than half the window for the prompt (Claude Code asks
+        for 128k at any window) is reserved only as far as the policy's output reservation
+        under `max_tokens_overflow: lower`: the upstream's overflow then lowers it."""
+        policy = self.policy.compaction
+        asked = self.parsed.max_output
+        lower = self.policy.max_tokens_overflow == "lower"
+        if lower and asked is not None and asked > limits.window // 2:
+            usual = policy.budget(limits.window, limits.max_output, None).reserved_output
+            asked = min(asked, usual)
+        return policy.budget(limits.window, limits.max_output, asked).scaled(ratio)
+
     def body(self, entries: Entries | None) -> bytes:
         """What goes upstream for the view `entries` (None: the request as it is): the
         client's own bytes under shadow mode; else the view, with the proxy's prompt-cache
@@ -124,6 +138,19 @@ class Turn:
             instructions=instructions,
             target_tokens=target_tokens,
             ahead_tokens=ahead_tokens,
+        )
+
+    def held(self, entries: Entries | None, tokens: int) -> bool:
+        """Whether the view stays as the branch's plan makes it, though at the compact level:
+        that plan's compaction could not bring it under (its fixed part and current turn were
+        over), so another would only change the prefix again; it is redone once the view no
+        longer fits."""
+        branch = self.branch
+        return (
+            branch is not None
+            and branch.short > 0
+            and entries is not None
+            and tokens <= self.budget.limit
         )
 
     def reload(self, loaded: Loaded) -> None:
