@@ -12,8 +12,11 @@ mechanical digest stands for what was evicted. Counted from the proxy's log and 
 requests the upstream rejected, compactions, those that made a summary (or digest) and those
 that ended in `trim_head`; and the facts visible in the last forwarded request, verbatim or in
 its summary (and, of them, those in the summary or digest itself, not in the block of lines
-kept verbatim beside it). `--before TREE`: the same runs through the proxy of that checkout as well
-(`git archive main | tar -x -C TREE`), in the same run.
+kept verbatim beside it). `--summarizer-url URL --summarizer-model NAME`: a row more per
+API, labelled with that model, whose summaries that OpenAI-compatible endpoint writes through
+the proxy's summarizer config (bench/real_summarizer.py). `--before TREE`: the same runs
+through the proxy of that checkout as well (`git archive main | tar -x -C TREE`), in the same
+run.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_model import Fact, extractive_summary, make_workspace, strings, visible_facts
 from common import proxy
+from real_summarizer import RealSummarizer, add_arguments, from_arguments
 
 from policies.plan import ANCHOR_HEADING, HEADINGS
 from tests.fakes.anthropic import FakeAnthropic
@@ -215,20 +219,21 @@ LAYER_SETS: dict[str, list[Any] | None] = {
 }
 
 
-def config(api: Api, fake: Any, layers: list[Any] | None) -> str:
+def config(
+    api: Api, fake: Any, layers: list[Any] | None, real: RealSummarizer | None = None
+) -> str:
     upstream: dict[str, Any] = {"base_url": f"{fake.origin}/v1"}
     if api.kind is not None:
         upstream["kind"] = api.kind
-    return yaml.safe_dump(
-        {
-            "store": {"url": "memory://"},
-            "upstreams": {"fake": upstream},
-            "default_upstream": "fake",
-            "models": [{"match": api.model, "context_window": WINDOW}],
-            "logging": {"level": "info", "format": "json"},
-            "policies": {"default": {} if layers is None else {"layers": layers}},
-        }
-    )
+    data = {
+        "store": {"url": "memory://"},
+        "upstreams": {"fake": upstream},
+        "default_upstream": "fake",
+        "models": [{"match": api.model, "context_window": WINDOW}],
+        "logging": {"level": "info", "format": "json"},
+        "policies": {"default": {} if layers is None else {"layers": layers}},
+    }
+    return yaml.safe_dump(data if real is None else real.with_summaries(data))
 
 
 @contextlib.contextmanager
@@ -245,12 +250,13 @@ def run(
     summarizer: Callable[..., str],
     layers: list[Any] | None,
     tree: Path | None,
+    real: RealSummarizer | None = None,
 ) -> Run:
     with (
         workspace(steps) as (logs, facts),
         api.fake(windows={api.model: WINDOW}, summarizer=summarizer) as fake,
     ):
-        with proxy(config(api, fake, layers), tree) as server:
+        with proxy(config(api, fake, layers, real), tree) as server:
             loop = api.loop(server.url, logs)
             try:
                 for log in logs:
@@ -284,7 +290,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--before", type=Path, default=None, help="a checkout to compare with")
+    add_arguments(parser)
     args = parser.parse_args()
+    real = from_arguments(parser, args)
     trees: list[tuple[str, Path | None]] = [("after", None)]
     if args.before is not None:
         trees.insert(0, ("before", args.before))
@@ -294,12 +302,18 @@ def main() -> None:
         " trim_head | facts visible at the end | of them in the summary |"
         "\n|---|---|---|---|---|---|---|---|---|---|"
     )
-    summarizers = (("extractive", extractive_summary), ("digest only", failing_summary))
+    summarizers: list[tuple[str, Callable[..., str], RealSummarizer | None]] = [
+        ("extractive", extractive_summary, None),
+        ("digest only", failing_summary, None),
+    ]
+    if real is not None:  # the fake's own summarizer is then never asked
+        summarizers.append((real.model, extractive_summary, real))
     for label, layers in LAYER_SETS.items():
         for api in APIS:
-            for kind, summarizer in summarizers:
+            for kind, summarizer, endpoint in summarizers:
                 for name, tree in trees:
-                    row(label, api, kind, name, run(api, args.steps, summarizer, layers, tree))
+                    figures = run(api, args.steps, summarizer, layers, tree, endpoint)
+                    row(label, api, kind, name, figures)
 
 
 def row(label: str, api: Api, kind: str, name: str, r: Run) -> None:

@@ -8,7 +8,9 @@ two generators written apart (the digest was tuned on the first only; the second
 reporting), chats and agent loops, and the recorded traces (tests/data) joined four at a time
 with a fact added to each user message. Each session is replayed turn by turn through the
 engine as the proxy applies it (bench/savings.py's `Proxy`, the default policy, the mechanical
-digest alone: no LLM), with a quarter of the window reserved for the output; then a last
+digest alone: no LLM; with `--summarizer-url URL --summarizer-model NAME`, each row again
+with that OpenAI-compatible endpoint's model writing the summaries, bench/real_summarizer.py),
+with a quarter of the window reserved for the output; then a last
 request asks about it all. Counted in that last request's view:
 
 - proxy: the view the proxy forwards;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import planted
 from common import load_traces
 from compaction import MODEL, budget_for, conditions, default_policy
+from real_summarizer import add_arguments, from_arguments
 from savings import LangChain, Proxy
 
 import policies
@@ -79,11 +83,14 @@ async def last_view(method: Proxy, session: list[Message]) -> list[Message]:
 
 
 async def score(
-    sessions: list[planted.Session], window: int, counter: TokenCounter
+    sessions: list[planted.Session],
+    window: int,
+    counter: TokenCounter,
+    summarizer: policies.Summarizer | None = None,
 ) -> dict[str, float]:
     policy = default_policy()
     budget = budget_for(policy, window, window // 4)
-    proxy = Proxy("proxy", policy, budget, counter)
+    proxy = Proxy("proxy", policy, budget, counter, summarizer)
     langchain = LangChain(budget, counter)
     totals = {"facts": 0, "proxy": 0, "drop-oldest": 0, "langchain": 0, "tokens": 0}
     for messages, facts in sessions:
@@ -110,7 +117,22 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=8, help="generated sessions per row")
     parser.add_argument("--only", choices=["tuning", "held-out", "traces"], action="append")
+    add_arguments(parser)
     args = parser.parse_args()
+    real = from_arguments(parser, args)
+    async with contextlib.AsyncExitStack() as stack:
+        summarizers: dict[str, policies.Summarizer | None] = {"": None}
+        if real is not None:
+            summarizers[f", {real.model}'s summaries"] = await stack.enter_async_context(
+                real.summarizer()
+            )
+        await report(args, summarizers)
+
+
+async def report(
+    args: argparse.Namespace, summarizers: dict[str, policies.Summarizer | None]
+) -> None:
+    """The table; each row once per summarizer, labelled with it (the digest: no label)."""
     print(conditions())
     counter = counter_for(MODEL)
     traces = planted.traces(joined(load_traces(), 4))
@@ -135,15 +157,17 @@ async def main() -> None:
             continue
         for kind, sessions in kinds.items():
             for window in WINDOWS:
-                started = time.perf_counter()
-                s = await score(sessions, window, counter)
-                ratio = s["proxy"] / s["drop-oldest"] if s["drop-oldest"] else float("inf")
-                print(
-                    f"| {name} | {kind} | {window // 1024}k | {s['proxy']:.1f}% |"
-                    f" {s['drop-oldest']:.1f}% | {ratio:.2f}x | {s['langchain']:.1f}% |"
-                    f" {s['tokens']:.0f} / {s['limit']} |"
-                    f"  ({time.perf_counter() - started:.0f} s)"
-                )
+                for label, summarizer in summarizers.items():
+                    started = time.perf_counter()
+                    s = await score(sessions, window, counter, summarizer)
+                    ratio = s["proxy"] / s["drop-oldest"] if s["drop-oldest"] else float("inf")
+                    print(
+                        f"| {name} | {kind}{label} | {window // 1024}k | {s['proxy']:.1f}% |"
+                        f" {s['drop-oldest']:.1f}% | {ratio:.2f}x | {s['langchain']:.1f}% |"
+                        f" {s['tokens']:.0f} / {s['limit']} |"
+                        f"  ({time.perf_counter() - started:.0f} s)",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
