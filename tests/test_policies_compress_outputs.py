@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import json
 import random
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from policies.compress import Limits, compress, salient_lines
+from policies.compress import Limits, compress, formats, salient_lines
+from policies.compress.findings import FORM_CHARS, MAX_FINDINGS, MIN_REPEATS, finding_indices
+from tests.conftest import examples
 
 FIXTURE = Path(__file__).parent / "data" / "compress_outputs.json"
 SEEDS = range(12)
@@ -126,3 +133,23 @@ def test_compressed_bytes_are_those_recorded(seed: int) -> None:
 if __name__ == "__main__":
     every = {case: digest for seed in SEEDS for case, digest in digests(seed)}
     FIXTURE.write_text(json.dumps(every, indent=1, sort_keys=True) + "\n")
+
+
+@given(st.text(alphabet=st.sampled_from("ab1 \t\n\r\x0b\x0c\x1c\x85\xa0\u2028\u3000<p>&;")))
+@settings(max_examples=examples(500))
+def test_html_text_lines_are_those_split_and_joined_a_line(page: str) -> None:
+    """The regex form of an HTML page's lines gives what splitting and joining each line
+    gave, whatever the whitespace."""
+    text = html.unescape(re.sub(r"<[^>]*>", " ", page))
+    lines = (" ".join(line.split()) for line in text.split("\n"))
+    assert formats.html_text(page) == "\n".join(line for line in lines if line)
+
+
+@given(st.lists(st.text(alphabet=st.sampled_from("a1 \t\u0660\u2028x"), max_size=30)))
+@settings(max_examples=examples(500))
+def test_finding_forms_are_those_collapsed_a_line(lines: list[str]) -> None:
+    forms = [re.sub(r"\d+", "0", line.strip())[:FORM_CHARS] or None for line in lines]
+    counts = Counter(form for form in forms if form is not None)
+    found = [i for i, form in enumerate(forms) if i and form is not None and counts[form] == 1]
+    templated = counts and max(counts.values()) >= MIN_REPEATS and len(found) <= MAX_FINDINGS
+    assert finding_indices(lines) == (found if templated else [])

@@ -21,14 +21,13 @@ FINDING_CHARS = 240
 _DIGITS = re.compile(r"\d+")
 
 
-def _form(line: str) -> str:
-    return _DIGITS.sub("0", line)[:FORM_CHARS]
-
-
 def finding_indices(lines: list[str]) -> list[int]:
     """The indices of the `lines` that stand out of their template, in order; none when they
     have no template or too many stand out."""
-    forms = [_form(line.strip()) if line.strip() else None for line in lines]
+    # Digits collapsed in one pass over all lines (no digit run crosses a newline, and
+    # stripping commutes with it): a regex call a line is most of the cost of a 100 KB output.
+    collapsed = _DIGITS.sub("0", "\n".join(lines)).split("\n")
+    forms = [line.strip()[:FORM_CHARS] or None for line in collapsed]
     counts = Counter(form for form in forms if form is not None)
     if not counts or max(counts.values()) < MIN_REPEATS:
         return []

@@ -15,6 +15,7 @@ import html
 import re
 from collections.abc import Iterator
 from itertools import accumulate
+from itertools import compress as where
 
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, compress_lines
@@ -35,6 +36,8 @@ _BREAK = re.compile(
     re.IGNORECASE,
 )
 _TAG = re.compile(r"<[^>]*>")
+_SPACES = re.compile(r"[^\S\n]+")
+_LINE_END = re.compile(r" ?\n[ \n]*")
 _DATA_URL = re.compile(r"data:[\w/+.-]+;base64,\Z")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _DIFF_KEPT = ("diff ", "--- ", "+++ ", "@@", "new file", "deleted file", "rename ", "Binary ")
@@ -147,7 +150,7 @@ def search_size(text: str, cap: int | None) -> int:
         if cap is None or len(ends) <= cap:
             size += ends[-1] if ends else 0
             continue
-        late = [length for index, length in salient if index >= cap]
+        late = [length for index, length in salient if index >= cap] if salient else []
         size += (ends[cap - 1] if cap else 0) + sum(late)
         left = len(ends) - cap - len(late)
         if left:
@@ -189,8 +192,10 @@ def html_text(text: str) -> str:
     text = _HIDDEN.sub(" ", text)
     text = _BREAK.sub("\n", text)
     text = html.unescape(_TAG.sub(" ", text))
-    lines = (" ".join(line.split()) for line in text.split("\n"))
-    return "\n".join(line for line in lines if line)
+    # Each line's whitespace as one space, its ends and the blank lines out: by regex over the
+    # whole text (`\s` is str.split's whitespace), not a split and join a line.
+    text = _LINE_END.sub("\n", _SPACES.sub(" ", text))
+    return text.strip(" \n")
 
 
 def blob_runs(text: str, limits: Limits) -> tuple[tuple[int, int, str], ...]:
@@ -208,9 +213,8 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
     """Looked for only in the long whitespace-free tokens (split in C): a regex over the
     whole text tries again at every position of every word, ten times slower."""
     at = 0
-    for token in text.split():
-        if len(token) < chars:
-            continue
+    tokens = text.split()
+    for token in where(tokens, map(chars.__le__, map(len, tokens))):  # the long ones, in C
         at = text.find(token, at)
         for found in _BASE64.finditer(token):
             if found.end() - found.start() < chars:
@@ -222,10 +226,14 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
             elif _mixed(found.group()):
                 yield start, end, "base64"
         at += len(token)
+    lines = text.split("\n")
+    lengths = list(map(len, lines))
+    if max(lengths) < 4 * chars:  # most outputs: no line long enough, none looked at
+        return
     start = 0
-    for line in text.split("\n"):
-        end = start + len(line)
-        if len(line) >= 4 * chars and _dense(line) and not is_salient_text(line):
+    for line, length in zip(lines, lengths, strict=True):
+        end = start + length
+        if length >= 4 * chars and _dense(line) and not is_salient_text(line):
             yield start, end, "minified"
         start = end + 1
 

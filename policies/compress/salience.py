@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+from itertools import accumulate
 
 # Each word costs a scan of the text: those another one covers are left out (`AssertionError`,
 # `Uncaught TypeError`, `unhandled exception` hold `error` or `exception`).
@@ -44,11 +45,8 @@ MAX_BLOCK_LINES = 200  # a block that long is not a stack trace but an indented 
 
 def line_starts(lines: list[str]) -> list[int]:
     """The offset in the joined text at which each of `lines` begins."""
-    starts, at = [], 0
-    for line in lines:
-        starts.append(at)
-        at += len(line) + 1
-    return starts
+    # In C: a Python loop a line is a millisecond over a 100 KB output.
+    return list(accumulate(map((1).__add__, map(len, lines)), initial=0))[: len(lines)]
 
 
 @functools.lru_cache(maxsize=8)
@@ -72,6 +70,8 @@ def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
 
 
 def warning_lines(lines: list[str]) -> list[int]:
+    if not has_warning("\n".join(lines)):  # most outputs: one search, no lowercasing a line
+        return []
     return [i for i, line in enumerate(lines) if WARNING in line.lower()]
 
 
