@@ -135,14 +135,13 @@ if __name__ == "__main__":
     FIXTURE.write_text(json.dumps(every, indent=1, sort_keys=True) + "\n")
 
 
-@given(st.text(alphabet=st.sampled_from("ab1 \t\n\r\x0b\x0c\x1c\x85\xa0\u2028\u3000<p>&;")))
+PIECES = ("&", "&amp;", "&lt;", "&#39;", "&nbsp;", "&ampx", "amp;", "lt", ";", "#", "a")
+
+
+@given(st.lists(st.sampled_from(PIECES)).map("".join))
 @settings(max_examples=examples(500))
-def test_html_text_lines_are_those_split_and_joined_a_line(page: str) -> None:
-    """The regex form of an HTML page's lines gives what splitting and joining each line
-    gave, whatever the whitespace."""
-    text = html.unescape(re.sub(r"<[^>]*>", " ", page))
-    lines = (" ".join(line.split()) for line in text.split("\n"))
-    assert formats.html_text(page) == "\n".join(line for line in lines if line)
+def test_unescape_is_that_of_the_standard_library(text: str) -> None:
+    assert formats.unescape(text) == html.unescape(text)
 
 
 @given(st.lists(st.text(alphabet=st.sampled_from("a1 \t\u0660\u2028x"), max_size=30)))
