@@ -15,7 +15,6 @@ import html
 import re
 from collections.abc import Iterator
 from itertools import accumulate
-from itertools import compress as where
 
 from policies.compress.limits import Limits
 from policies.compress.lines import Shrunk, compress_lines
@@ -232,7 +231,10 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
     whole text tries again at every position of every word, ten times slower."""
     at = 0
     tokens = text.split()
-    for token in where(tokens, map(chars.__le__, map(len, tokens))):  # the long ones, in C
+    # Most outputs have no token that long: their lengths are measured in C, none looked at.
+    for token in tokens if tokens and max(map(len, tokens)) >= chars else ():
+        if len(token) < chars:
+            continue
         at = text.find(token, at)
         for found in _BASE64.finditer(token):
             if found.end() - found.start() < chars:
