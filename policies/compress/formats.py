@@ -35,6 +35,7 @@ _BREAK = re.compile(
     re.IGNORECASE,
 )
 _TAG = re.compile(r"<[^>]*>")
+_ENTITIES = {"&lt;": "<", "&gt;": ">", "&quot;": '"', "&#39;": "'", "&nbsp;": "\xa0", "&amp;": "&"}
 _DATA_URL = re.compile(r"data:[\w/+.-]+;base64,\Z")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _DIFF_KEPT = ("diff ", "--- ", "+++ ", "@@", "new file", "deleted file", "rename ", "Binary ")
@@ -58,9 +59,13 @@ def is_search(lines: list[str]) -> bool:
 def _match(line: str) -> tuple[str, str] | None:
     """The path of a search's line and the rest, `line:text` (None when it is none)."""
     path, colon, rest = line.partition(":")
-    if not colon or len(path) > 400 or " " in path or "\t" in path or not _PATH.search(path):
+    if not colon or not _is_path(path):
         return None
     return (path, rest) if _LINE_NUMBER.match(rest) else None
+
+
+def _is_path(path: str) -> bool:
+    return len(path) <= 400 and " " not in path and "\t" not in path and bool(_PATH.search(path))
 
 
 def is_diff(text: str) -> bool:
@@ -85,14 +90,19 @@ def search_groups(text: str) -> Groups:
     salient = set(error_lines(text))
     files: dict[str, list[Entry]] = {}
     other: list[Entry] = []
+    paths: dict[str, bool] = {}  # whether each is a path: a search names each file many times
+    line_number = _LINE_NUMBER.match
     for index, line in enumerate(text.split("\n")):
-        found = _match(line)
-        if found is None:
-            if line and line != "--":
-                other.append((line, index in salient))
-            continue
-        path, rest = found
-        files.setdefault(path, []).append((f"  {rest}", index in salient))
+        path, colon, rest = line.partition(":")  # `_match`, inlined: a call a line is slow
+        if colon:
+            is_path = paths.get(path)
+            if is_path is None:
+                is_path = paths[path] = _is_path(path)
+            if is_path and line_number(rest):
+                files.setdefault(path, []).append((f"  {rest}", index in salient))
+                continue
+        if line and line != "--":
+            other.append((line, index in salient))
     return [*((path, matches) for path, matches in files.items()), (None, other)]
 
 
@@ -147,7 +157,7 @@ def search_size(text: str, cap: int | None) -> int:
         if cap is None or len(ends) <= cap:
             size += ends[-1] if ends else 0
             continue
-        late = [length for index, length in salient if index >= cap]
+        late = [length for index, length in salient if index >= cap] if salient else []
         size += (ends[cap - 1] if cap else 0) + sum(late)
         left = len(ends) - cap - len(late)
         if left:
@@ -188,9 +198,21 @@ def html_text(text: str) -> str:
     """The text of an HTML page: scripts, styles and comments out, a line per block."""
     text = _HIDDEN.sub(" ", text)
     text = _BREAK.sub("\n", text)
-    text = html.unescape(_TAG.sub(" ", text))
+    text = unescape(_TAG.sub(" ", text))
     lines = (" ".join(line.split()) for line in text.split("\n"))
     return "\n".join(line for line in lines if line)
+
+
+def unescape(text: str) -> str:
+    """`html.unescape(text)`; by `str.replace` when every `&` begins one of the common
+    entities (html.unescape calls back into Python for each one)."""
+    if text.count("&") != sum(text.count(entity) for entity in _ENTITIES):
+        return html.unescape(text)
+    # Each entity is one charref of html.unescape (none holds a second `&`), and `&` comes
+    # back last, so that no replacement makes another entity.
+    for entity, char in _ENTITIES.items():
+        text = text.replace(entity, char)
+    return text
 
 
 def blob_runs(text: str, limits: Limits) -> tuple[tuple[int, int, str], ...]:
@@ -208,7 +230,9 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
     """Looked for only in the long whitespace-free tokens (split in C): a regex over the
     whole text tries again at every position of every word, ten times slower."""
     at = 0
-    for token in text.split():
+    tokens = text.split()
+    # Most outputs have no token that long: their lengths are measured in C, none looked at.
+    for token in tokens if tokens and max(map(len, tokens)) >= chars else ():
         if len(token) < chars:
             continue
         at = text.find(token, at)
@@ -222,10 +246,14 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
             elif _mixed(found.group()):
                 yield start, end, "base64"
         at += len(token)
+    lines = text.split("\n")
+    lengths = list(map(len, lines))
+    if max(lengths) < 4 * chars:  # most outputs: no line long enough, none looked at
+        return
     start = 0
-    for line in text.split("\n"):
-        end = start + len(line)
-        if len(line) >= 4 * chars and _dense(line) and not is_salient_text(line):
+    for line, length in zip(lines, lengths, strict=True):
+        end = start + length
+        if length >= 4 * chars and _dense(line) and not is_salient_text(line):
             yield start, end, "minified"
         start = end + 1
 

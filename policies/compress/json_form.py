@@ -214,8 +214,13 @@ def _differing(records: list[dict[str, Any]]) -> set[int]:
         counts = Counter(values)
         mode = counts.most_common(1)[0][0]
         rare = len(records) * MINORITY
+        # Each distinct value tested once (a record's is one of a few); strings only, as no
+        # other value but False is bad, and only a string is equal to a string.
+        bad = {v for v in counts if isinstance(v, str) and is_salient_text(v)}
         found.update(
-            i for i, v in enumerate(values) if (v != mode and counts[v] <= rare) or _bad(v)
+            i
+            for i, v in enumerate(values)
+            if (v != mode and counts[v] <= rare) or v is False or (isinstance(v, str) and v in bad)
         )
     found.update(i for i in _with_error_words(records) if i not in found and _has_error(records[i]))
     return found
@@ -230,10 +235,6 @@ def _with_error_words(records: list[dict[str, Any]]) -> list[int]:
         return []
     ends = list(accumulate(len(text) + 1 for text in texts))
     return sorted({bisect.bisect_right(ends, offset) for offset in offsets})
-
-
-def _bad(value: Any) -> bool:
-    return value is False or (isinstance(value, str) and is_salient_text(value))
 
 
 def _has_error(value: Any) -> bool:

@@ -72,6 +72,8 @@ def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
 
 
 def warning_lines(lines: list[str]) -> list[int]:
+    if not has_warning("\n".join(lines)):  # most outputs: one search, no lowercasing a line
+        return []
     return [i for i, line in enumerate(lines) if WARNING in line.lower()]
 
 
