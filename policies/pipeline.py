@@ -131,9 +131,10 @@ def make_context(
     """
     if message_tokens is None:
         message_tokens = [counter.message(m) for m in messages]
-    counted = list(zip(messages, message_tokens, strict=True))
-    chain = tuple(m for m, _ in counted if not outside_chain(m))
-    chain_tokens = tuple(t for m, t in counted if not outside_chain(m))
+    inside = [not outside_chain(m) for m in messages]
+    counted = list(zip(messages, message_tokens, inside, strict=True))
+    chain = tuple(m for m, _, kept in counted if kept)
+    chain_tokens = tuple(t for _, t, kept in counted if kept)
     if target_tokens is None:
         target = budget.target_tokens
         aim = policy.aim(budget, turn_growth(chain_tokens, chain))
@@ -147,7 +148,7 @@ def make_context(
         counter=counter,
         chain=chain,
         chain_tokens=chain_tokens,
-        system_tokens=sum(t for m, t in counted if outside_chain(m)),
+        system_tokens=sum(message_tokens) - sum(chain_tokens),
         fixed_tokens=fixed_tokens,
         target_tokens=target,
         aim_tokens=aim,

@@ -220,6 +220,16 @@ def load_traces() -> list[tuple[str, list[Message]]]:
 # --- the invariants of a view -----------------------------------------------------------
 
 
+def unmarked(value: Any) -> Any:
+    """`value` without its cache_control keys, at any depth (the proxy moves and adds
+    breakpoints, by design)."""
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    return value
+
+
 def is_header(message: Message) -> bool:
     content = message.get("content")
     return isinstance(content, str) and content.startswith(

@@ -14,7 +14,7 @@ import yaml
 
 from proxy.config import loads
 from tests.codex import summary_requests
-from tests.conversations import words
+from tests.conversations import unmarked, words
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.base import RECORDING_KEY
 from tests.fakes.openai import FakeUpstream
@@ -61,15 +61,6 @@ def with_body(fixture: dict[str, Any], **fields: Any) -> dict[str, Any]:
     changed = copy.deepcopy(fixture)
     changed["body"].update(fields)
     return changed
-
-
-def unmarked(value: Any) -> Any:
-    """`value` without cache breakpoints (the proxy adds its own to a Messages request)."""
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    return value
 
 
 def texts(body: Any) -> str:

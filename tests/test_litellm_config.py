@@ -23,7 +23,7 @@ from proxy.upstream.litellm_responses import cache_marked_input
 from proxy.upstream.litellm_setup import check_providers
 from proxy.upstream.litellm_transport import ROUTES, LiteLLMTransport
 from tests.conftest import examples
-from tests.conversations import words
+from tests.conversations import unmarked, words
 from tests.litellm_fakes import python
 
 pytestmark = pytest.mark.litellm
@@ -299,15 +299,6 @@ def test_responses_cache_marks_at_most_three_items_the_last_one_among_them(
         i for i, m in enumerate(given_items) if str(m.get("content")).startswith(SUMMARY_HEADING)
     ]
     assert set(headers[:1]) <= set(flagged)
-
-    def unmarked(item: Any) -> Any:
-        item = {k: v for k, v in item.items() if k != "cache_control"}
-        content = item.get("content")
-        if isinstance(content, list):
-            item["content"] = [
-                {k: v for k, v in p.items() if k != "cache_control"} for p in content
-            ]
-        return item
 
     for original, changed in zip(given_items, marked, strict=True):
         restored = unmarked(changed)

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import policies
 from policies.policy import SUMMARY_ROLES
 from tests.conftest import examples
+from tests.conversations import unmarked
 from tests.conversations import words as plain_words
 from tests.fakes.anthropic import AnthropicError, FakeAnthropic
 from tests.fakes.base import RECORDING_KEY
@@ -160,15 +161,6 @@ async def test_claude_codes_recorded_loop_compacted_keeps_the_apis_order(
             raise AssertionError(error.message) from None
 
 
-def without_marks(value: Any) -> Any:
-    """`value` without its cache_control keys (breakpoints move every turn, by design)."""
-    if isinstance(value, dict):
-        return {k: without_marks(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [without_marks(v) for v in value]
-    return value
-
-
 def test_claude_codes_replayed_turns_keep_their_bytes_but_for_breakpoints() -> None:
     """Each request of Claude Code's recorded loop as the proxy forwards it with its own
     breakpoints: what the turn before forwarded is the start of what the next forwards,
@@ -183,4 +175,4 @@ def test_claude_codes_replayed_turns_keep_their_bytes_but_for_breakpoints() -> N
         views.append(orjson.loads(MESSAGES.render(parsed, whole, True))["messages"])
     assert any("cache_control" in orjson.dumps(v).decode() for v in views)
     for earlier, later in itertools.pairwise(views):
-        assert without_marks(later[: len(earlier)]) == without_marks(earlier)
+        assert unmarked(later[: len(earlier)]) == unmarked(earlier)

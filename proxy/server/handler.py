@@ -170,7 +170,7 @@ class Handler:
                 chunks = response.chunks(idle)
         self.metrics.upstream_latency.labels(*labels).observe(time.perf_counter() - sent)
 
-        retrieving = forward.retrieval and response.status == 200 and self.rounds is not None
+        rounds = self.rounds if forward.retrieval and response.status == 200 else None
 
         again = whole_answers(
             lambda body: send(dataclasses.replace(forward, body=body)), idle, upstream
@@ -178,8 +178,8 @@ class Handler:
 
         if parsed.stream and response.status == 200:
             body = after(head, chunks) if head else chunks
-            if retrieving and self.rounds is not None:
-                held = await self.rounds.hold(client_request, forward.body, body, again)
+            if rounds is not None:
+                held = await rounds.hold(client_request, forward.body, body, again)
                 if held.settled is not None:
                     return self._finish(
                         client_request, labels, forward, response, b"", overhead, held.settled
@@ -193,8 +193,8 @@ class Handler:
             raise UpstreamUnreachable(f"upstream {upstream.name!r} broke off its answer") from exc
         if isinstance(payload, Unread):
             return self._pass_on(client_request, labels, forward, payload, overhead, idle)
-        if retrieving and self.rounds is not None:
-            settled = await self.rounds.settle(client_request, forward.body, payload, again)
+        if rounds is not None:
+            settled = await rounds.settle(client_request, forward.body, payload, again)
             return self._finish(client_request, labels, forward, response, b"", overhead, settled)
         return self._finish(client_request, labels, forward, response, payload, overhead)
 
