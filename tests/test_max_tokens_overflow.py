@@ -9,7 +9,7 @@ budget). No summary is asked for a target that small."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anthropic
@@ -19,7 +19,7 @@ import yaml
 
 from proxy.config import loads
 from tests.conftest import merged, metric
-from tests.conversations import words
+from tests.conversations import unmarked, words
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.openai import FakeUpstream
 from tests.servers import proxy_server
@@ -27,6 +27,7 @@ from tests.servers import proxy_server
 MODEL = "claude-32k"
 WINDOW = 32_768
 KEY = "sk-ant-api03-test"
+SAFETY_MARGIN = 256  # the policy's default safety_margin_tokens
 SYSTEM = "You are a careful build engineer. " + words(2500, 1)  # ~3k tokens: over what is left
 
 
@@ -97,25 +98,89 @@ def test_the_overflow_is_relayed_at_once_as_the_upstream_said_it(up: FakeAnthrop
         assert up.summary_calls == 0  # a summary of ~70 tokens is not worth a call
 
 
-def test_lowered_under_the_policy_and_said_so(up: FakeAnthropic) -> None:
-    body = request()
-    prompt = up.count(body)
+def lowered_metric(proxy: Any) -> tuple[float, float]:
+    """Requests lowered before their first try, and those sent again lowered after the
+    upstream's overflow."""
+    with httpx.Client() as http:
+        ahead = metric(http, proxy, "compaction_proxy_max_tokens_lowered_total")
+        retries = metric(
+            http, proxy, "compaction_proxy_upstream_retries_total", reason="max_tokens"
+        )
+    return ahead, retries
+
+
+def room(headers: Mapping[str, str], window: int) -> int:
+    """What the window leaves the forwarded prompt (as the proxy counted it) and the safety
+    margin."""
+    return window - int(headers["x-compaction-tokens-after"]) - SAFETY_MARGIN
+
+
+def test_lowered_before_the_first_try_and_said_so(up: FakeAnthropic) -> None:
+    """Claude Code's 128k at a 32k window: the upstream is asked once, for what is left."""
+    body = request(max_tokens=128_000)
     with (
         proxy_server(config(up, max_tokens_overflow="lower")) as proxy,
         anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
     ):
         raw = client.messages.with_raw_response.create(**body)
         assert raw.parse().content[0].text.startswith("Fake reply")
+        lowered = int(raw.headers["x-compaction-max-tokens"])
+        assert lowered == room(raw.headers, WINDOW) and up.count(body) + lowered <= WINDOW
+        assert "x-compaction-overflow" not in raw.headers  # no overflow was met
+        (forwarded,) = sent(up)
+        assert forwarded["max_tokens"] == lowered
+        assert unmarked({**forwarded, "max_tokens": 128_000}) == body  # nothing else changed
+        assert lowered_metric(proxy) == (1, 0)
+
+
+def test_lowered_before_the_first_try_above_thinkings_budget(up: FakeAnthropic) -> None:
+    body = request(max_tokens=128_000, thinking={"type": "enabled", "budget_tokens": 4096})
+    with (
+        proxy_server(config(up)) as proxy,  # the default policy: lower
+        anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
+    ):
+        raw = client.messages.with_raw_response.create(**body)
+        lowered = int(raw.headers["x-compaction-max-tokens"])
+        assert 4096 < lowered == room(raw.headers, WINDOW)
+        (forwarded,) = sent(up)
+        assert forwarded["max_tokens"] == lowered
+        assert forwarded["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+        assert lowered_metric(proxy) == (1, 0)
+
+
+def test_a_short_estimate_still_ends_in_the_reactive_lowering(up: FakeAnthropic) -> None:
+    """The proxy estimates Claude's tokens (chars/4): digits it counts at a quarter of what the
+    upstream does, so what it leaves max_tokens is too much; the upstream's own figures then
+    lower it, once."""
+    digits = " ".join(str(n % 10) for n in range(9000))  # ~4.5k estimated, ~10k upstream
+    body = request(max_tokens=128_000, messages=[{"role": "user", "content": digits}])
+    prompt = up.count(body)
+    with (
+        proxy_server(config(up)) as proxy,
+        anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
+    ):
+        raw = client.messages.with_raw_response.create(**body)
         assert raw.headers["x-compaction-overflow"] == "max_tokens"
         assert raw.headers["x-compaction-max-tokens"] == str(WINDOW - prompt)
         first, retried = sent(up)
-        assert first["max_tokens"] == 32_000 and retried["max_tokens"] == WINDOW - prompt
-        assert {**retried, "max_tokens": 32_000} == first  # nothing else changed
-        with httpx.Client() as http:
-            retries = metric(
-                http, proxy, "compaction_proxy_upstream_retries_total", reason="max_tokens"
-            )
-            assert retries == 1
+        assert prompt + first["max_tokens"] > WINDOW and first["max_tokens"] < 128_000
+        assert retried["max_tokens"] == WINDOW - prompt
+        assert {**retried, "max_tokens": 0} == {**first, "max_tokens": 0}
+        assert lowered_metric(proxy) == (1, 1)
+
+
+def test_never_lowered_under_shadow_mode(up: FakeAnthropic) -> None:
+    body = request(max_tokens=128_000)
+    with (
+        proxy_server(config(up, shadow=True)) as proxy,
+        anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
+    ):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            client.messages.create(**body)
+        assert "x-compaction-max-tokens" not in refused.value.response.headers
+        (forwarded,) = sent(up)
+        assert forwarded == body  # the client's bytes, as they came
+        assert lowered_metric(proxy) == (0, 0)
 
 
 def test_never_lowered_to_thinkings_budget_or_under(up: FakeAnthropic) -> None:
@@ -128,43 +193,96 @@ def test_never_lowered_to_thinkings_budget_or_under(up: FakeAnthropic) -> None:
             client.messages.create(**body)
         assert refused.value.response.headers["x-compaction-overflow"] == "relayed"
         assert len(sent(up)) == 1
-    up.reset()
-    body = request(thinking={"type": "enabled", "budget_tokens": 4096})
-    with (
-        proxy_server(config(up, max_tokens_overflow="lower")) as proxy,
-        anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
-    ):
-        raw = client.messages.with_raw_response.create(**body)
-        assert int(raw.headers["x-compaction-max-tokens"]) > 4096
-        assert sent(up)[-1]["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+        assert sent(up)[0]["max_tokens"] == 32_000
 
 
-def test_chat_completions_lowered_from_openais_own_words() -> None:
-    model = "gpt-4o-mini"
-    with FakeUpstream(windows={model: 16_384}) as upstream:
-        chat_lowered(upstream, model)
+CHAT_WINDOW = 16_384
 
 
-def chat_lowered(upstream: FakeUpstream, model: str) -> None:
+def chat_config(
+    upstream: FakeUpstream, model: str, overflow: str = "lower", **settings: Any
+) -> Any:
     data = {
         "upstreams": {"openai": {"base_url": upstream.base_url}},
-        "models": [{"match": model, "context_window": 16_384}],
-        "policies": {"default": {"max_tokens_overflow": "lower"}},
+        "models": [{"match": model, "context_window": CHAT_WINDOW, **settings}],
+        "policies": {"default": {"max_tokens_overflow": overflow}},
     }
+    return loads(yaml.safe_dump(data))
+
+
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
+def test_chat_completions_lowered_before_the_first_try(limit: str) -> None:
+    model = "gpt-4o-mini"  # counted exactly
     messages = [{"role": "system", "content": words(3000, 2)}, {"role": "user", "content": "Hi"}]
-    body = {"model": model, "max_tokens": 16_000, "messages": messages}
-    with proxy_server(loads(yaml.safe_dump(data))) as proxy, httpx.Client() as http:
+    body = {"model": model, limit: 128_000, "messages": messages}
+    with (
+        FakeUpstream(windows={model: CHAT_WINDOW}) as upstream,
+        proxy_server(chat_config(upstream, model)) as proxy,
+        httpx.Client() as http,
+    ):
         answer = http.post(proxy.url + "/v1/chat/completions", json=body)
         assert answer.status_code == 200, answer.text
         lowered = int(answer.headers["x-compaction-max-tokens"])
-        assert lowered < 16_000 and answer.headers["x-compaction-overflow"] == "max_tokens"
-        assert upstream.requests[-1].json == {**body, "max_tokens": lowered}
+        assert lowered == room(answer.headers, CHAT_WINDOW)
+        assert "x-compaction-overflow" not in answer.headers
+        (forwarded,) = upstream.requests
+        assert forwarded.json == {**body, limit: lowered}
+        assert lowered_metric(proxy) == (1, 0)
+
+
+def test_chat_completions_lowered_from_openais_own_words() -> None:
+    """Estimated at a quarter of the upstream's count, the prompt leaves max_tokens too much:
+    OpenAI's error says by how much."""
+    model = "gpt-4o-mini"
+    digits = " ".join(str(n % 10) for n in range(6000))
+    body = {"model": model, "max_tokens": 16_000, "messages": [{"role": "user", "content": digits}]}
+    with (
+        FakeUpstream(windows={model: CHAT_WINDOW}) as upstream,
+        proxy_server(chat_config(upstream, model, counting="estimate")) as proxy,
+        httpx.Client() as http,
+    ):
+        answer = http.post(proxy.url + "/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        lowered = int(answer.headers["x-compaction-max-tokens"])
+        assert answer.headers["x-compaction-overflow"] == "max_tokens"
+        first, retried = upstream.requests
+        assert lowered < first.json["max_tokens"] < 16_000
+        assert retried.json == {**body, "max_tokens": lowered}
+        assert lowered_metric(proxy) == (1, 1)
+
+
+@pytest.mark.parametrize("policy", ["lower", "relay"])
+def test_responses_lowered_before_the_first_try(policy: str) -> None:
+    model = "gpt-4o-mini"
+    body = {
+        "model": model,
+        "instructions": words(3000, 2),
+        "input": "Hi",
+        "max_output_tokens": 128_000,
+        "store": False,
+    }
+    with (
+        FakeUpstream(windows={model: CHAT_WINDOW}) as upstream,
+        proxy_server(chat_config(upstream, model, policy)) as proxy,
+        httpx.Client() as http,
+    ):
+        answer = http.post(proxy.url + "/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        (forwarded,) = upstream.requests
+        if policy == "relay":  # the client's own
+            assert "x-compaction-max-tokens" not in answer.headers
+            assert forwarded.json == body
+            return
+        lowered = int(answer.headers["x-compaction-max-tokens"])
+        assert lowered == room(answer.headers, CHAT_WINDOW)
+        assert forwarded.json == {**body, "max_output_tokens": lowered}
+        assert lowered_metric(proxy) == (1, 0)
 
 
 def test_a_claude_code_loop_asking_128k_at_32k_goes_on_compacted(up: FakeAnthropic) -> None:
     """Claude Code's default max_tokens is 128k whatever the window: under the default policy
     the proxy reserves its usual output for it, compacts the growing loop to that budget,
-    and sends each request with max_tokens lowered to what the window leaves."""
+    and sends each request with max_tokens lowered to what the window leaves, at once."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs. " + words(50, 3)}]
     with (
         proxy_server(config(up)) as proxy,
@@ -175,7 +293,7 @@ def test_a_claude_code_loop_asking_128k_at_32k_goes_on_compacted(up: FakeAnthrop
                 model=MODEL, max_tokens=128_000, system=SYSTEM, messages=messages
             )
             assert raw.http_response.status_code == 200
-            assert raw.headers["x-compaction-overflow"] == "max_tokens"
+            assert "x-compaction-overflow" not in raw.headers
             assert int(raw.headers["x-compaction-max-tokens"]) >= 4096
             messages += [
                 {"role": "assistant", "content": [{"type": "text", "text": f"Step {step}."}]},
@@ -183,3 +301,5 @@ def test_a_claude_code_loop_asking_128k_at_32k_goes_on_compacted(up: FakeAnthrop
             ]
         assert up.count({"model": MODEL, "system": SYSTEM, "messages": messages}) > WINDOW
         assert raw.headers["x-compaction-action"] in ("compacted", "degraded", "replayed")
+        assert len(sent(up)) == 24  # each turn reached the upstream once
+        assert lowered_metric(proxy) == (24, 0)

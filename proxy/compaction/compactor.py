@@ -17,7 +17,7 @@ import time
 import policies
 from policies.memory import memory_candidates
 from proxy.compaction.exact_count import ExactCounts
-from proxy.compaction.forward import Forward
+from proxy.compaction.forward import Forward, with_max_output
 from proxy.compaction.kept_originals import KeptOriginals
 from proxy.compaction.prepared import Bounded, PreparedSummaries
 from proxy.compaction.summarizer import lock_seconds
@@ -59,6 +59,8 @@ class Compactor:
         """The request as it goes upstream: unchanged, replayed or compacted."""
         turn = await self._turn(request)
         forward = await self._prepare(turn)
+        if forward.max_output is not None:
+            self.prepared.metrics.max_tokens_lowered.inc()
         if self.kept is not None:
             await self.kept.keep(request, turn.originals)
         return forward
@@ -192,7 +194,7 @@ class Compactor:
             body, tool = request.body(entries), False
         else:
             body, tool = self.kept.body(request, entries, turn.originals)
-        return Forward(
+        forward = Forward(
             body,
             request.key,
             action,
@@ -211,6 +213,9 @@ class Compactor:
             client_compaction=turn.request.client_compaction,
             retrieval=tool,
         )
+        # A max_tokens the prompt leaves no room for is lowered before the first try.
+        lowered = turn.lowered_output(tokens_after)
+        return forward if lowered is None else with_max_output(request, forward, lowered) or forward
 
     async def _compact(
         self, turn: Turn, tokens_before: int, instructions: str | None, target: int | None

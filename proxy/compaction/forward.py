@@ -8,6 +8,7 @@ import time
 
 import policies
 from proxy.compaction.turn import ClientRequest
+from proxy.dialects import OutputLimits
 from proxy.sessions.activity import Who
 from proxy.sessions.turns import TurnFigures
 
@@ -41,6 +42,8 @@ class Forward:
     # What became of an upstream overflow: compacted (harder), max_tokens (lowered to
     # `max_output`) or relayed (nothing the proxy may change could make it pass).
     overflow: str | None = None
+    # The max_tokens the body carries in place of the client's (`with_max_output`): lowered
+    # before the first try, or after the upstream's overflow.
     max_output: int | None = None
     # The view is at the compact level, where no compaction can bring it under (its last
     # one could not): replayed as it is while it fits, not compacted again every turn.
@@ -86,6 +89,22 @@ class Forward:
 
 
 SHADOW_HEADER = ("x-compaction-shadow", "true")
+
+
+def with_max_output(request: ClientRequest, forward: Forward, max_output: int) -> Forward | None:
+    """`forward` with its body reserving `max_output` output tokens in place of the client's
+    max_tokens, when the policy says so (`max_tokens_overflow: lower`) and the request may ask
+    for so little (not under extended thinking's budget); None otherwise, and under shadow
+    mode (the client's bytes go as they are)."""
+    dialect = request.dialect
+    if request.shadow or request.policy.max_tokens_overflow != "lower":
+        return None
+    if not isinstance(dialect, OutputLimits):
+        return None
+    body = dialect.with_max_output(forward.body, max_output)
+    if body is None:
+        return None
+    return dataclasses.replace(forward, body=body, max_output=max_output)
 
 
 def shown_action(action: str, *, shadow: bool) -> str:

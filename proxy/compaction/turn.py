@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import policies
 from proxy.config import Policy, Upstream
@@ -57,7 +58,8 @@ class ClientRequest:
 
         A max_tokens that leaves less than half the window for the prompt (Claude Code asks
         for 128k at any window) is reserved only as far as the policy's output reservation
-        under `max_tokens_overflow: lower`: the upstream's overflow then lowers it."""
+        under `max_tokens_overflow: lower`: the forwarded body then asks for what the window
+        leaves (`Turn.lowered_output`)."""
         policy = self.policy.compaction
         asked = self.parsed.max_output
         lower = self.policy.max_tokens_overflow == "lower"
@@ -139,6 +141,20 @@ class Turn:
             target_tokens=target_tokens,
             ahead_tokens=ahead_tokens,
         )
+
+    def lowered_output(self, tokens: int) -> int | None:
+        """The max_tokens to send in place of the request's, when a prompt of `tokens` (the
+        counter's) and the request's cannot fit the window: what the window leaves the prompt
+        as the upstream will count it (`ratio`) and the safety margin, never under the output
+        the budget reserved (a prompt over its limit is the upstream's to judge: its overflow
+        says by how much). None when the request's own fits, or it sets none."""
+        asked = self.request.parsed.max_output
+        if asked is None:
+            return None
+        budget = self.budget
+        room = budget.window - math.ceil(tokens * self.ratio) - budget.safety_margin
+        room = max(room, budget.reserved_output)
+        return room if room < asked else None
 
     def held(self, entries: Entries | None, tokens: int) -> bool:
         """Whether the view stays as the branch's plan makes it, though at the compact level:

@@ -354,7 +354,12 @@ class Metrics:
             ["hook", "outcome"],
             registry=r,
         )
-
+        self.max_tokens_lowered = Counter(
+            "compaction_proxy_max_tokens_lowered",
+            "Requests sent with max_tokens lowered before their first try (policy"
+            " max_tokens_overflow: lower): the prompt leaves the window less than they asked.",
+            registry=r,
+        )
         self.provider_compactions = Counter(
             "compaction_proxy_provider_compactions",
             "Provider compactions of the Responses API the proxy served itself (policy"

@@ -164,7 +164,7 @@ class Handler:
                 response.close()
                 head = b""
                 forward = retried
-                reason = "overflow" if retried.max_output is None else "max_tokens"
+                reason = "max_tokens" if retried.overflow == "max_tokens" else "overflow"
                 self.metrics.upstream_retries.labels(upstream.name, reason).inc()
                 response = await send(forward)
                 chunks = response.chunks(idle)

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.forward import Forward
+from proxy.compaction.forward import Forward, with_max_output
 from proxy.compaction.turn import ClientRequest
 from proxy.config import Upstream
 from proxy.dialects import OutputLimits, OutputOverflow, StreamOverflow
@@ -57,18 +57,12 @@ def _lowered(
     """`forward` with max_tokens lowered to what the window leaves the prompt, by the output
     overflow's own `figures`, when the policy says so and the request can ask for so little
     (None otherwise)."""
-    dialect = request.dialect
-    if figures is None or request.policy.max_tokens_overflow != "lower":
+    if figures is None:
         return None
-    if not isinstance(dialect, OutputLimits):
+    lowered = with_max_output(request, forward, figures.window - figures.prompt)
+    if lowered is None:
         return None
-    room = figures.window - figures.prompt
-    body = dialect.with_max_output(forward.body, room)
-    if body is None:
-        return None
-    return dataclasses.replace(
-        forward, body=body, can_retry=False, overflow="max_tokens", max_output=room
-    )
+    return dataclasses.replace(lowered, can_retry=False, overflow="max_tokens")
 
 
 async def stream_head(

@@ -30,6 +30,7 @@ from proxy.dialects.openai.shared import (
     REASONING_HEADROOM_TOKENS,
     OpenAIDialect,
     is_reasoning_model,
+    with_output_limit,
 )
 from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownItems
 from proxy.errors import InvalidRequest, SummaryFailed
@@ -118,11 +119,7 @@ class Chat(OpenAIDialect, OutputLimits):
         return OutputOverflow(total - output, output, window)
 
     def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
-        request = orjson.loads(body)
-        name = "max_completion_tokens" if "max_completion_tokens" in request else "max_tokens"
-        if max_output < 1 or name not in request:
-            return None
-        return orjson.dumps({**request, name: max_output})
+        return with_output_limit(body, ("max_completion_tokens", "max_tokens"), max_output, 1)
 
     def summary_body(
         self, model: str, system: str, prompt: str, max_tokens: int, temperature: float

@@ -15,7 +15,7 @@ import orjson
 
 from policies import Message
 from proxy.dialects.base import Parsed, Usage
-from proxy.dialects.capabilities import StreamOverflow
+from proxy.dialects.capabilities import OutputLimits, OutputOverflow, StreamOverflow
 from proxy.dialects.json_checks import invalid_type, load_object, optional_int
 from proxy.dialects.openai.responses_edits import edited_items
 from proxy.dialects.openai.responses_items import Mapped, map_items
@@ -23,6 +23,7 @@ from proxy.dialects.openai.shared import (
     REASONING_HEADROOM_TOKENS,
     OpenAIDialect,
     is_reasoning_model,
+    with_output_limit,
 )
 from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownItems, Split
 from proxy.dialects.sse import EventStream
@@ -41,7 +42,7 @@ _USAGE = b'"usage":{'
 COMPACTION_TRIGGER = "compaction_trigger"  # an item: "compacts the current context"
 
 
-class Responses(OpenAIDialect, StreamOverflow):
+class Responses(OpenAIDialect, StreamOverflow, OutputLimits):
     name = "responses"
     path = "/v1/responses"
     upstream_path = "/responses"
@@ -154,6 +155,15 @@ class Responses(OpenAIDialect, StreamOverflow):
                 error = event.get("error", event) if kind == "error" else None
             return isinstance(error, dict) and error.get("code") == "context_length_exceeded"
         return False if len(head) > _HEAD_LIMIT else None
+
+    def output_overflow(self, payload: bytes) -> OutputOverflow | None:
+        """None: the API's overflow error gives no figures ("Your input exceeds the context
+        window of this model"); a max_output_tokens the window cannot hold is lowered before
+        the first try only."""
+        return None
+
+    def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
+        return with_output_limit(body, ("max_output_tokens",), max_output, MIN_OUTPUT_TOKENS)
 
     def summary_body(
         self, model: str, system: str, prompt: str, max_tokens: int, temperature: float

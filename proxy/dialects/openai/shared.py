@@ -1,8 +1,9 @@
 """What OpenAI's two APIs (chat completions and Responses) share: the error shape, the body
-checks, usage, the overflow error and which models reason."""
+checks, usage, the overflow error, the output limit and which models reason."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import orjson
@@ -46,6 +47,19 @@ class OpenAIDialect(Dialect):
 
     def is_overflow(self, status: int, payload: bytes) -> bool:
         return status == 400 and openai_error_code(payload) == "context_length_exceeded"
+
+
+def with_output_limit(
+    body: bytes, names: Sequence[str], max_output: int, least: int
+) -> bytes | None:
+    """`body` with the first of the output limits `names` it sets at `max_output`; None when
+    it sets none (the upstream then leaves the output what the window does) or `max_output`
+    is under the `least` the API takes."""
+    request = orjson.loads(body)
+    name = next((name for name in names if name in request), None)
+    if name is None or max_output < least:
+        return None
+    return orjson.dumps({**request, name: max_output})
 
 
 def openai_error_body(error: APIError) -> bytes:
