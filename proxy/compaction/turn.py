@@ -15,6 +15,10 @@ from proxy.sessions.originals import OriginalsIndex, ViewOriginals
 from proxy.sessions.sessions import Loaded, session_key
 from proxy.sessions.state import Branch
 
+# How far an estimated count (chars/4), though calibrated, may fall short of the upstream's:
+# the ratio is learnt from the turns before, and a new tool output is often denser.
+ESTIMATE_ERROR = 0.05
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ClientRequest:
@@ -152,7 +156,10 @@ class Turn:
         if asked is None:
             return None
         budget = self.budget
-        room = budget.window - math.ceil(tokens * self.ratio) - budget.safety_margin
+        prompt = tokens * self.ratio
+        if self.limits.counter.mode != "exact":
+            prompt *= 1 + ESTIMATE_ERROR
+        room = budget.window - math.ceil(prompt) - budget.safety_margin
         room = max(room, budget.reserved_output)
         return room if room < asked else None
 

@@ -9,7 +9,8 @@ a dialect without it is left alone.
     StreamStartUsage   usage at the start of a stream (Anthropic's message_start)
     StreamOverflow     an overflow reported inside a 200 stream (the Responses API's)
     OutputLimits       a window that holds the prompt and the output a request reserves
-                       (max_tokens), an overflow error that says which overflowed
+                       (max_tokens), which it may lower; an overflow error that says
+                       which overflowed (not the Responses API's)
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ class OutputOverflow(NamedTuple):
 
 
 class OutputLimits(Dialect):
-    """An API whose window must hold the prompt and the output the request reserves: its
-    overflow error says both, and a request may ask for less output."""
+    """An API whose window must hold the prompt and the output the request reserves: a
+    request may ask for less output, and its overflow error may say both."""
 
     @abstractmethod
     def output_overflow(self, payload: bytes) -> OutputOverflow | None:
