@@ -1,11 +1,13 @@
-"""An upstream overflow that the request's max_tokens caused: the prompt fits the window, the
-prompt and the output it reserves do not (`17987 + 32000 > 32768`), and no compaction can
-make room beside so large an output (the system prompt alone is over what it leaves).
+"""A max_tokens the window cannot hold beside the prompt (Claude Code asks for 128k at any
+window; `17987 + 32000 > 32768`).
 
-The proxy never sends the same body twice: it relays the upstream's error as it came (which
-Claude Code parses to lower max_tokens by itself), or, under `max_tokens_overflow: lower`,
-sends it again with max_tokens lowered to what the window leaves (above extended thinking's
-budget). No summary is asked for a target that small."""
+Under `max_tokens_overflow: lower` (the default) the forwarded body asks at once for what the
+window leaves the forwarded prompt, by the proxy's count (Messages, chat and Responses; above
+extended thinking's budget; never under shadow mode); when that count was short, the
+upstream's overflow lowers it again by its own figures, once. Under `relay` the client's
+max_tokens goes as it is, and an overflow is relayed as the upstream said it (Claude Code
+parses it to lower max_tokens by itself). The proxy never sends the same body twice, and asks
+no summary for a target that small."""
 
 from __future__ import annotations
 
