@@ -30,7 +30,7 @@ class Policy:
     compact_at: float = 0.9
     target: float = 0.7
     headroom_turns: int = 4
-    target_floor: float = 0.2
+    target_floor: float = 0.25
     protect_recent_rounds: int = 12
     protect_min_tokens: int = 10_000
     protect_min_text_messages: int = 5
