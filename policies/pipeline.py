@@ -40,7 +40,7 @@ class Compaction:
     anchors_complete: bool
     degraded: bool
     floor_tokens: int
-    short: bool = False
+    short: bool
 
 
 async def compact(
