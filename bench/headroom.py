@@ -44,7 +44,8 @@ from tests.test_long_sessions import agent_loop, dialogue
 
 SETTINGS = {  # name: (headroom_turns, target_floor)
     "before (no headroom)": (0, 0.5),
-    "headroom 3, floor 0.5 (default)": (3, 0.5),
+    "headroom 3, floor 0.5 (the default before)": (3, 0.5),
+    "headroom 4, floor 0.25 (default)": (4, 0.25),
     "headroom 3, floor 0.4": (3, 0.4),
     "headroom 3, floor 0.6": (3, 0.6),
     "headroom 2, floor 0.5": (2, 0.5),

@@ -93,8 +93,9 @@ class Method(Protocol):
 
 class Proxy:
     """The proxy's request path (proxy/compaction/compactor.py) without the store and the
-    network: replay the session's plan while its prefix matches, compact at the compact level,
-    to the target."""
+    network: replay the session's plan while its prefix matches, compact at the compact level
+    (at the limit after a compaction that left too little room, `Compaction.short`), to the
+    target."""
 
     def __init__(
         self,
@@ -114,13 +115,17 @@ class Proxy:
     def start(self) -> None:
         self.plan = policies.Plan()
         self.covered: list[Message] = []  # the chain prefix the plan was computed over
+        self.short = False  # the plan's compaction left too little room: held to the limit
 
     async def view(self, messages: list[Message]) -> list[Message] | None:
         chain = [m for m in messages if not policies.is_system(m)]
-        plan = self.plan if chain[: self.plan.covered] == self.covered else policies.Plan()
+        matches = chain[: self.plan.covered] == self.covered
+        plan = self.plan if matches else policies.Plan()
         role = self.policy.compaction.summary_role
         view = policies.render(messages, plan, summary_role=role)
-        if self.counter.count(view, fixed=REPLY_PRIMING) < self.budget.compact_tokens:
+        tokens = self.counter.count(view, fixed=REPLY_PRIMING)
+        held = matches and self.short and tokens <= self.budget.limit
+        if tokens < self.budget.compact_tokens or held:
             return view
         result = await policies.compact(
             messages,
@@ -133,8 +138,9 @@ class Proxy:
         )
         if not result.fits:
             return None  # the proxy answers context_length_exceeded itself
-        if result.plan != plan:
+        if result.plan != plan or result.short:
             self.plan, self.covered = result.plan, chain[: result.plan.covered]
+        self.short = result.short
         return result.view
 
 

@@ -31,10 +31,14 @@ def find_anchors(patterns: Sequence[re.Pattern[str]], text: str) -> tuple[str, .
 
 
 def anchor_block(anchors: Sequence[str], max_tokens: int, counter: Counter) -> str | None:
-    """The newest anchors that fit in `max_tokens` with the heading, in order, one a line."""
+    """The newest anchors that fit in `max_tokens` with the heading, in order, one a line; one
+    that a newer line kept shows already (an order number in its salient line) is not
+    repeated."""
     budget = max_tokens - counter.text(ANCHOR_HEADING) - 1
-    kept = []
+    kept: list[str] = []
     for anchor in reversed(anchors):
+        if any(anchor in line for line in kept):
+            continue
         cost = counter.text(anchor) + 1
         if cost <= budget:
             kept.append(anchor)

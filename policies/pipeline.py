@@ -26,7 +26,9 @@ class Compaction:
 
     `fits` is tokens_after <= budget.limit; `floor_tokens` is what no layer can remove (fixed
     tokens, the system messages and the current turn), so `floor_tokens > budget.limit`
-    means the request cannot fit at all.
+    means the request cannot fit at all. `short`: the view is left without room for the
+    turns the policy wants before the next compaction (`Policy.short`; for a given target,
+    at the compact level), so the next compaction waits for the limit.
     """
 
     plan: Plan
@@ -38,6 +40,7 @@ class Compaction:
     anchors_complete: bool
     degraded: bool
     floor_tokens: int
+    short: bool
 
 
 async def compact(
@@ -89,6 +92,11 @@ async def compact(
     truncated = bool(lost_anchors(messages, plan, ctx, salient=False))
     if truncated != plan.anchors_truncated:
         plan = replace(plan, anchors_truncated=truncated)
+    if target_tokens is None:
+        growth = turn_growth(ctx.chain_tokens, ctx.chain)
+        short = policy.short(budget, growth, tokens)
+    else:
+        short = tokens >= budget.compact_tokens
     return Compaction(
         plan=plan,
         view=render(messages, plan, summary_role=policy.summary_role),
@@ -99,6 +107,7 @@ async def compact(
         anchors_complete=not truncated,
         degraded=any(d.detail.startswith("degraded") for d in decisions),
         floor_tokens=ctx.floor_tokens,
+        short=short,
     )
 
 

@@ -29,8 +29,8 @@ class Policy:
     prepare_at: float = 0.75
     compact_at: float = 0.9
     target: float = 0.7
-    headroom_turns: int = 3
-    target_floor: float = 0.5
+    headroom_turns: int = 4
+    target_floor: float = 0.25
     protect_recent_rounds: int = 12
     protect_min_tokens: int = 10_000
     protect_min_text_messages: int = 5
@@ -112,3 +112,11 @@ class Policy:
         room = budget.compact_tokens - self.headroom_turns * growth
         floor = min(int(budget.limit * self.target_floor), budget.target_tokens)
         return max(min(budget.target_tokens, room), floor)
+
+    def short(self, budget: Budget, growth: int, tokens: int) -> bool:
+        """Whether a compaction that left the view at `tokens` made too little room: not
+        `headroom_turns` (at least one) more turns of `growth` under the compact level. The
+        next compaction could do no better (what it cannot remove, the fixed part and the
+        current turn, stays as large), so it waits for the limit instead: compacting at the
+        compact level would only change the forwarded prefix turn after turn."""
+        return tokens + max(1, self.headroom_turns) * growth > budget.compact_tokens

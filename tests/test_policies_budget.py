@@ -112,6 +112,17 @@ def test_the_aim_leaves_room_for_the_next_turns_down_to_the_floor() -> None:
     assert Policy(**{**POLICY, "target_floor": 0.8}).aim(b, 5000) == b.target_tokens
 
 
+def test_a_compaction_without_room_for_the_headroom_turns_is_short() -> None:
+    b = budget()  # compact at 5137
+    policy = Policy(**POLICY)
+    assert not policy.short(b, 1000, b.compact_tokens - 3 * 1000)  # three more turns fit
+    assert policy.short(b, 1000, b.compact_tokens - 3 * 1000 + 1)
+    # Without headroom, still at least the next turn: one that leaves no room for it is short.
+    no_headroom = Policy(**{**POLICY, "headroom_turns": 0})
+    assert no_headroom.short(b, 1000, b.compact_tokens - 999)
+    assert not no_headroom.short(b, 1000, b.compact_tokens - 1000)
+
+
 def test_the_growth_of_a_turn_is_the_mean_of_the_newest_turns() -> None:
     chain = [{"role": r} for r in ("user", "assistant", "user", "assistant", "tool", "tool")]
     tokens = [5, 10, 20, 30, 40, 50]

@@ -28,6 +28,7 @@ from policies import (
     render,
     run_layer,
 )
+from policies.anchors import anchor_block
 from policies.layers.summarize import SummarizeParams
 from policies.layers.trim_head import SHORTENED, TrimHeadParams
 from policies.plan import DIGEST_HEADING, SUMMARY_HEADING
@@ -637,3 +638,11 @@ def test_too_short_weighs_the_cap_against_what_it_would_squeeze() -> None:
     assert too_short(SummaryRequest(None, evicted, 100, None), COUNTER.message)
     assert not too_short(SummaryRequest(None, evicted, 300, None), COUNTER.message)  # not under 128
     assert not too_short(SummaryRequest(None, evicted[:0], 100, None), COUNTER.message)
+
+
+def test_the_anchor_block_does_not_repeat_an_anchor_that_a_kept_line_shows() -> None:
+    # An order number lost with its output, and that output's finding which names it: the
+    # finding shows the number, so the block holds it once.
+    lost = ["ORDER-1000", "ORDER-1000 failed.", "ORDER-1001", "ORDER-1001 failed.", "ORD-9"]
+    block = anchor_block(lost, 1000, COUNTER)
+    assert block == "ORDER-1000 failed.\nORDER-1001 failed.\nORD-9"

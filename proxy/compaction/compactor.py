@@ -264,7 +264,7 @@ class Compactor:
                 # made from a wrong guess would strip every later turn of the session.
                 return self._forward(turn, None, "none", tokens_before, tokens_before)
             written = False
-            short = result.tokens_after >= turn.budget.compact_tokens
+            short = result.short
             if result.plan != turn.plan or instructions is not None or short:
                 written = await self._save(turn, result, fence, short=short)
             saved = result.plan if written and result.degraded else None

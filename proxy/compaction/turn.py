@@ -165,9 +165,9 @@ class Turn:
 
     def held(self, entries: Entries | None, tokens: int) -> bool:
         """Whether the view stays as the branch's plan makes it, though at the compact level:
-        that plan's compaction could not bring it under (its fixed part and current turn were
-        over), so another would only change the prefix again; it is redone once the view no
-        longer fits."""
+        that plan's compaction could not leave room under it for the turns the policy wants
+        (`Policy.short`: its fixed part and current turn were too large), so another would
+        only change the prefix again; it is redone once the view no longer fits."""
         branch = self.branch
         return (
             branch is not None

@@ -32,8 +32,8 @@ class Branch:
     plan: policies.Plan
     chain: str
     used: float
-    # The plan's compaction could not bring the view under the compact level (the floor, in
-    # tokens: fixed part and current turn): it is replayed, not redone, while the view fits.
+    # The plan's compaction left too little room under the compact level (`Policy.short`; the
+    # floor, in tokens: fixed part and current turn): replayed, not redone, while it fits.
     short: int = 0
 
     def matches(self, chain: policies.Chain) -> bool:
