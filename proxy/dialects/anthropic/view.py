@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from policies import Message
 from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
-from proxy.dialects.anthropic.breakpoints import with_breakpoints
+from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
 from proxy.dialects.base import Entries, Parsed
 
 MARK_LOOKBACK = 8  # messages before a breakpoint's place where one with blocks takes it
@@ -166,7 +166,9 @@ def _marked(
         items, (p for p in backwards if (at := sources[p]) is not None and at < repeated)
     )
     marks = [position for position in (rewritten, stable) if position is not None]
-    return with_breakpoints(parsed.body, parsed.raw, items, marks)
+    # Counted by the split of the body, which counts only what a known body's turn adds.
+    taken = parsed.raw.count(BREAKPOINT) if parsed.marks is None else parsed.marks
+    return with_breakpoints(parsed.body, taken, items, marks)
 
 
 def _markable(items: list[Any], positions: Iterator[int]) -> int | None:
