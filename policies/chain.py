@@ -77,12 +77,9 @@ class Chain:
         outside: dict[int, int] = {}
         # A step per message outside the chain, not per message: a list's own search.
         at = -1
-        try:
-            while True:
-                at = found.index(OUTSIDE, at + 1)
-                outside[at] = at - len(outside)
-        except ValueError:
-            pass
+        for _ in range(found.count(OUTSIDE)):
+            at = found.index(OUTSIDE, at + 1)
+            outside[at] = at - len(outside)
         return cls(list(filter(None, found)) if outside else found, outside)
 
     def __len__(self) -> int:
