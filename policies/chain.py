@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.client_context import CONTEXT_FIRST, is_client_context
-from policies.message import SYSTEM_ROLES, call_arguments, call_name, tool_calls
+from policies.client_context import outside_chain
+from policies.message import call_arguments, call_name, tool_calls
 
 DIGEST_SIZE = 8
 
@@ -39,42 +39,48 @@ def message_digest(message: Mapping[str, Any]) -> bytes:
     return hashlib.blake2b(canonical(message), digest_size=DIGEST_SIZE).digest()
 
 
-def message_digests(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
-    """The digest of each message."""
-    return [message_digest(m) for m in messages]
+OUTSIDE = b""
+"""`chain_digest` of a message outside the chain (no digest is empty)."""
+
+
+def chain_digest(message: Mapping[str, Any]) -> bytes:
+    """A message's digest in the chain, `OUTSIDE` when it stands outside it (a system message,
+    a client's context): both depend on nothing but the message, so one memo serves both."""
+    return OUTSIDE if outside_chain(message) else message_digest(message)
+
+
+def chain_digests(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """The `chain_digest` of each message."""
+    return [chain_digest(m) for m in messages]
 
 
 Digests = Callable[[Sequence[Mapping[str, Any]]], Sequence[bytes]]
-"""A function giving the digest of each of a list of messages, as `message_digests`."""
+"""A function giving the `chain_digest` of each of a list of messages, as `chain_digests`."""
 
 
 class Chain:
     """The non-system messages of a conversation, each by its digest.
 
     `prefix(n)` identifies the first n of them; a plan stores it for the prefix it covers.
+    `outside` is where the messages outside the chain stand, as `outside_positions` says.
     """
 
-    def __init__(self, digests: list[bytes]) -> None:
+    def __init__(self, digests: list[bytes], outside: dict[int, int] | None = None) -> None:
         self.digests = digests
+        self.outside: dict[int, int] = {} if outside is None else outside
 
     @classmethod
-    def of(cls, messages: Sequence[Mapping[str, Any]], digests: Digests = message_digests) -> Chain:
-        """The chain of the non-system `messages`; `digests` gives each message's digest
-        (the proxy passes one that memoises them)."""
-        found = digests(messages)
-        return cls(
-            [
-                d
-                for m, d in zip(messages, found, strict=True)
-                # outside_chain inlined (a call per message costs as much as the rest).
-                if (role := m.get("role")) not in SYSTEM_ROLES
-                and not (
-                    role == "user"
-                    and ((c := m.get("content")).__class__ is not str or c[:1] in CONTEXT_FIRST)
-                    and is_client_context(m)
-                )
-            ]
-        )
+    def of(cls, messages: Sequence[Mapping[str, Any]], digests: Digests = chain_digests) -> Chain:
+        """The chain of the non-system `messages`; `digests` gives each message's
+        `chain_digest` (the proxy passes one that memoises them)."""
+        found = list(digests(messages))
+        outside: dict[int, int] = {}
+        # A step per message outside the chain, not per message: a list's own search.
+        at = -1
+        for _ in range(found.count(OUTSIDE)):
+            at = found.index(OUTSIDE, at + 1)
+            outside[at] = at - len(outside)
+        return cls(list(filter(None, found)) if outside else found, outside)
 
     def __len__(self) -> int:
         return len(self.digests)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.client_context import CONTEXT_FIRST, is_client_context, left_out, superseded
-from policies.message import SYSTEM_ROLES, Message, call_arguments, call_function
+from policies.client_context import left_out, outside_positions, superseded
+from policies.message import Message, call_arguments, call_function
 from policies.summary import Summary
 
 SUMMARY_HEADING = (
@@ -131,7 +132,11 @@ def header_message(
 
 
 def render_entries(
-    messages: Sequence[Message], plan: Plan, *, summary_role: str = "user"
+    messages: Sequence[Message],
+    plan: Plan,
+    *,
+    summary_role: str = "user",
+    outside: Mapping[int, int] | None = None,
 ) -> list[tuple[int | None, Message]]:
     """The view `render` makes, each message with where it comes from: the index in
     `messages` of the message it shows (that message itself, or the plan's edit of it), or
@@ -142,39 +147,50 @@ def render_entries(
     chain begins, as does the plan's `task`. One of them that the plan displaced (in the
     evicted prefix, or after a message the plan dropped) is left out when a later one
     supersedes it (`client_context.superseded`), so that evicted copies do not pile up.
+
+    `outside` is `outside_positions(messages)` when the caller has it (`Chain.outside`).
     """
     header = header_message(plan.summary, plan.anchor_block, summary_role)
     entries: list[tuple[int | None, Message]] = []
     if header is None and plan.cut == 0 and not plan.edits:
         entries.extend(enumerate(messages))
         return entries
-    outside: dict[int, int] = {}  # where each message outside the chain stands in it
-    position = 0
-    edits = plan.edits
-    for index, message in enumerate(messages):
-        role = message.get("role")  # outside_chain inlined: this runs over every message
-        if role in SYSTEM_ROLES or (
-            role == "user"
-            and ((c := message.get("content")).__class__ is not str or c[:1] in CONTEXT_FIRST)
-            and is_client_context(message)
-        ):
-            outside[index] = position
-            entries.append((index, message))
-            continue
-        position += 1
-        if position <= plan.cut and position - 1 != plan.task:
-            continue
-        if header is not None and position > plan.cut:
-            entries.append((None, header))
-            header = None
-        edit = edits.get(position - 1, message) if edits else message
+    if outside is None:
+        outside = outside_positions(messages)
+    # A step per message outside the chain and per edit, not per message: between them the
+    # view is runs of the messages as they are. Chain position p is message p + the number
+    # of messages outside the chain before it.
+    befores = list(outside.values())
+    cut, task, edits, count = plan.cut, plan.task, plan.edits, len(messages)
+    start = min(cut + bisect.bisect_right(befores, cut), count)  # the first kept chain message
+    shown = [index for index in outside if index < start]  # kept from the evicted prefix
+    position_of_task = -1 if task is None else task
+    if task is not None and (at := task + bisect.bisect_right(befores, task)) < start:
+        bisect.insort(shown, at)
+    for index in shown:
+        message = messages[index]
+        edit = message if index in outside else edits.get(position_of_task, message)
         if edit is not None:
-            entries.append((index, edit if edit is message else applied_edit(edit, message)))
+            entries.append((index, applied_edit(edit, message)))
     if header is not None:
         entries.append((None, header))
+    at = start
+    for position in sorted(edits):
+        if position < cut:
+            continue
+        index = position + bisect.bisect_right(befores, position)
+        if index >= count:
+            break
+        if index > at:
+            entries.extend(enumerate(messages[at:index], at))
+        at = index + 1
+        edit = edits[position]
+        if edit is not None:
+            entries.append((index, applied_edit(edit, messages[index])))
+    entries.extend(enumerate(messages[at:], at))
     if len(outside) > 1:
         copies = superseded(messages, outside, plan.covered)
-        omitted = set(left_out(copies, plan.cut, edits)) if copies else ()
+        omitted = set(left_out(copies, cut, edits)) if copies else ()
         if omitted:
             return [entry for entry in entries if entry[0] not in omitted]
     return entries
@@ -187,6 +203,8 @@ def applied_edit(edit: Message, message: Message) -> Message:
     field, and every part and call the edit left alone, comes from `message`. So a field
     the chain does not hash (an unknown field, a text part's extra keys) is never replayed
     stale. `edit` itself when that is what it comes to."""
+    if edit is message:
+        return edit
     content = edit.get("content")
     if (
         (content is None or isinstance(content, str))

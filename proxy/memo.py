@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from policies.chain import message_digest
+from policies.chain import chain_digest
 from proxy.config import Store
 
 V = TypeVar("V")
@@ -133,16 +133,17 @@ class Memo(Generic[V]):
 
 
 class MessageDigests:
-    """The digest of each message (`policies.message_digest`), memoised: a long history's
-    chain (`policies.Chain.of`) is rebuilt every turn, and canonicalising a message costs far
-    more than looking it up."""
+    """The digest of each message in the chain, or its place outside it
+    (`policies.chain.chain_digest`), memoised: a long history's chain (`policies.Chain.of`) is
+    rebuilt every turn, and canonicalising a message, or reading its text for the clients'
+    context, costs far more than looking it up."""
 
     def __init__(self, size: int = 65_536) -> None:
         self.memo: Memo[bytes] = Memo(size)
 
     def __call__(self, messages: Sequence[Any], keys: Sequence[int]) -> list[bytes]:
         """The digests of `messages`, whose `content_keys` are `keys`."""
-        return self.memo.each(messages, message_digest, keys)
+        return self.memo.each(messages, chain_digest, keys)
 
 
 def make_room(entries: dict[str, Any], key: str, max_sessions: int) -> None:

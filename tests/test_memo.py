@@ -3,11 +3,16 @@ talking at once hold more messages than it does."""
 
 from __future__ import annotations
 
+import functools
+
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.memo import Memo
+from policies import Chain
+from proxy.dialects.openai.chat import Chat
+from proxy.memo import Memo, MessageDigests, content_keys
 from tests.conftest import examples
 
 
@@ -86,3 +91,35 @@ def test_each_is_get_of_each_value_in_turn(
         if max_bytes is not None:
             held = sum(map(len, [*by_each._recent, *by_each._older]))
             assert held < max_bytes + 2 * 8  # two keys more at most (the longest has 8 bytes)
+
+
+def test_a_message_changed_in_place_is_looked_at_again_not_served_from_the_chain_memo() -> None:
+    """The chain's memo (`MessageDigests`: each message's digest, or its place outside the
+    chain) is keyed by the message's own bytes: a message the client changes at the same
+    place, here into its context and back, or the same text in another role, gets the chain
+    its new content makes, not what the memo held for the message there before."""
+    chat, digests = Chat(), MessageDigests()
+    padding = "Earlier work on the parser, at some length. " * 8  # long enough to be split
+    words = {"role": "user", "content": "What does <environment_context> hold?"}
+    context = {"role": "user", "content": "<environment_context>cwd=/w</environment_context>"}
+    parts = {"role": "user", "content": [{"type": "text", "text": context["content"]}]}
+    system = {**context, "role": "system"}
+    said = {**context, "role": "assistant"}
+    # Each third message, and whether it stands outside the chain.
+    turns = [(words, False), (context, True), (words, False), (said, False), (system, True)]
+    turns += [(parts, True), (words, False), (parts, True)]
+    for third, outside in turns:
+        messages = [
+            {"role": "user", "content": padding},
+            {"role": "assistant", "content": "Done."},
+            third,
+            {"role": "assistant", "content": "Next?"},
+        ]
+        parsed = chat.parse(orjson.dumps({"model": "gpt-4o", "messages": messages}))
+        # The split's keys (of the client's bytes), and content_keys (of the messages).
+        for keys in (parsed.keys, content_keys(parsed.messages)):
+            assert keys is not None
+            memoised = Chain.of(parsed.messages, functools.partial(digests, keys=keys))
+            fresh = Chain.of(parsed.messages)
+            assert (memoised.digests, memoised.outside) == (fresh.digests, fresh.outside)
+            assert (2 in memoised.outside) == outside

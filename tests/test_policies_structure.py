@@ -25,6 +25,7 @@ from policies import (
     tool_blocks,
     tool_pair_problems,
 )
+from policies.client_context import left_out, outside_chain, outside_positions, superseded
 from policies.plan import (
     ANCHOR_HEADING,
     DIGEST_HEADING,
@@ -319,6 +320,81 @@ def test_render_entries_point_at_the_messages_they_show(messages: list[dict], da
         assert message is shown
     has_header = plan.summary is not None or plan.anchor_block is not None
     assert [i for i, _ in entries].count(None) == (1 if has_header else 0)
+
+
+# Messages of every kind the view treats apart: outside the chain (system, developer, a
+# client's context, two copies of one kind, a reminder in a text part) and in it.
+KINDS = [
+    SYSTEM,
+    {"role": "developer", "content": "Use tabs."},
+    user("<environment_context>cwd=/a</environment_context>"),
+    user("<environment_context>cwd=/b</environment_context>"),
+    {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"}]},
+    user("<environment_context> is what?"),
+    assistant("sure"),
+    tool("a"),
+]
+
+
+@st.composite
+def any_plans(draw: st.DrawFn) -> tuple[list[dict], Plan]:
+    """Messages of `KINDS` (copies: each its own object) and any plan over them: a task
+    before the cut, edits before, after and past the chain, any `covered`."""
+    messages = [dict(m) for m in draw(st.lists(st.sampled_from(KINDS), max_size=14))]
+    length = len(Chain.of(messages))
+    cut = draw(st.integers(0, length + 1))
+    task = draw(st.none() | st.integers(0, cut - 1)) if cut else None
+    edited = st.none() | st.just({"role": "tool", "tool_call_id": "a", "content": "[edit]"})
+    edits = draw(st.dictionaries(st.integers(0, length + 1), edited, max_size=5))
+    if task is not None and draw(st.booleans()):
+        edits[task] = draw(edited)  # the task's own edit, shown with it
+    summary = draw(st.none() | st.just(Summary("s", "llm")))
+    anchors = draw(st.none() | st.just("ORDER-1"))
+    covered = draw(st.integers(0, length + 1))
+    plan = Plan(cut, summary, edits, anchors, covered, task=task)
+    return messages, plan
+
+
+def view_by_definition(messages: list[dict], plan: Plan) -> list[tuple[int | None, dict]]:
+    """The view as `render_entries` defines it, a step per message."""
+    header = header_message(plan.summary, plan.anchor_block)
+    entries: list[tuple[int | None, dict]] = []
+    position = 0
+    for index, message in enumerate(messages):
+        if outside_chain(message):
+            entries.append((index, message))
+            continue
+        position += 1
+        if position <= plan.cut and position - 1 != plan.task:
+            continue  # evicted
+        if header is not None and position > plan.cut:
+            entries.append((None, header))
+            header = None
+        edit = plan.edits.get(position - 1, message)
+        if edit is not None:
+            entries.append((index, applied_edit(edit, message)))
+    if header is not None:
+        entries.append((None, header))
+    copies = superseded(messages, outside_positions(messages), plan.covered)
+    omitted = set(left_out(copies, plan.cut, plan.edits))
+    return [entry for entry in entries if entry[0] not in omitted]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(any_plans())
+def test_render_entries_in_a_step_per_edit_make_the_view_a_step_per_message_makes(
+    case: tuple[list[dict], Plan],
+) -> None:
+    """`render_entries` goes from edit to edit and takes the runs between them whole; the
+    chain's own record of the messages outside it (`Chain.outside`) serves as well as
+    finding them again."""
+    messages, plan = case
+    expected = view_by_definition(messages, plan)
+    for outside in (None, Chain.of(messages).outside):
+        entries = render_entries(messages, plan, outside=outside)
+        assert entries == expected
+        for (index, message), (_, want) in zip(entries, expected, strict=True):
+            assert index is None or message is want or want is not messages[index]
 
 
 def test_plan_round_trips_through_json() -> None:

@@ -17,10 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.dialects.anthropic.breakpoints import BREAKPOINT
+from proxy.dialects.anthropic.messages import Messages
 from proxy.dialects.anthropic.request import _assembled, _canonical
+from proxy.dialects.item_bytes import ItemBytes
 from proxy.dialects.openai.chat import Chat
 from proxy.dialects.openai.responses import _mapped
-from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownBodies, KnownItems
+from proxy.dialects.raw_items import SPLIT_FROM, KnownBodies, KnownItems
 from proxy.errors import InvalidRequest
 from proxy.memo import content_keys
 from tests.conftest import examples
@@ -248,6 +251,37 @@ def test_a_next_turn_is_read_from_where_the_last_body_ended(
         last = chat.known.bodies.find(raw + b" ")
         assert last is not None
         assert chat.known.bodies.held <= max(max_bytes, last.size)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    st.lists(st.lists(st.booleans(), min_size=1, max_size=3), min_size=2, max_size=5),
+    st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_the_split_counts_the_breakpoints_of_the_whole_body_a_turn_at_a_time(
+    turns: list[list[bool]], automatic: list[bool]
+) -> None:
+    """The Messages split counts the client's breakpoints (`cache_control` keys in its bytes)
+    in what a known body held and in what follows it: the count of the whole body, however
+    many the new messages or the fields after them hold, and for the same body sent again."""
+    dialect = Messages(split_from=0)
+    mark = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "Be brief.", "cache_control": mark}]
+    history: list[dict[str, Any]] = []
+    for turn, automatic_caching in zip(turns, automatic, strict=False):
+        for marked in turn:
+            block = {"type": "text", "text": f"message {len(history)}"}
+            role = "assistant" if len(history) % 2 else "user"
+            history.append(
+                {"role": role, "content": [{**block, "cache_control": mark}] if marked else [block]}
+            )
+        body = {"model": "claude-sonnet-4-5", "system": system, "messages": history}
+        body |= {"max_tokens": 99, **({"cache_control": mark} if automatic_caching else {})}
+        raw = orjson.dumps(body)
+        for _ in range(2):
+            parsed = dialect.parse(raw)
+            assert parsed.raw_items is not None  # split, not read whole
+            assert parsed.marks == raw.count(BREAKPOINT)
 
 
 LAST = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 300 + b'"}'

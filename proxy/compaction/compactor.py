@@ -176,7 +176,9 @@ class Compactor:
         if turn.branch is None:
             return None
         role = turn.request.policy.compaction.summary_role
-        return policies.render_entries(turn.request.messages, turn.plan, summary_role=role)
+        return policies.render_entries(
+            turn.request.messages, turn.plan, summary_role=role, outside=turn.chain.outside
+        )
 
     def _forward(
         self,
@@ -284,7 +286,10 @@ class Compactor:
             turn, result, action=action, tokens_before=tokens_before, reactive=target is not None
         )
         entries = policies.render_entries(
-            request.messages, result.plan, summary_role=request.policy.compaction.summary_role
+            request.messages,
+            result.plan,
+            summary_role=request.policy.compaction.summary_role,
+            outside=turn.chain.outside,
         )
         forward = self._forward(turn, entries, action, tokens_before, result.tokens_after, result)
         if not short:

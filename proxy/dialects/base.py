@@ -23,7 +23,7 @@ from proxy.errors import APIError
 from proxy.models.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from proxy.dialects.raw_items import ItemBytes
+    from proxy.dialects.item_bytes import ItemBytes
 
 Entries = Sequence[tuple[int | None, Message]]
 
@@ -40,7 +40,8 @@ class Parsed:
     `keys` is each message's content key for the per-message memos (`proxy.memo`), when the
     dialect has one cheaper than `content_keys` (the hash of the client's bytes of it).
     `raw_items` are the client's bytes of each native item, when the dialect kept them: an
-    item no layer touched goes upstream as them.
+    item no layer touched goes upstream as them. `marks` is how often the dialect's
+    `KnownItems.marks` is in `raw`, when its split counted them.
     The messages (and `body`'s values) may be shared with other requests, memoised by their
     bytes (`raw_items`): nothing may change them in place.
     """
@@ -56,6 +57,7 @@ class Parsed:
     opaque_reason: str | None = None
     keys: Sequence[int] | None = None
     raw_items: ItemBytes | None = None
+    marks: int | None = None
 
     def native(self, index: int) -> Sequence[Any]:
         """The native items canonical message `index` stands for."""

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, overload
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import msgspec
 import orjson
 
+from proxy.dialects.item_bytes import ItemBytes
 from proxy.dialects.json_checks import MAX_DEPTH, nests_within
 from proxy.memo import Memo
 
@@ -55,6 +56,7 @@ class Split(NamedTuple):
     keys: list[int]  # a content key of each item (`proxy.memo`): the hash of its bytes
     derived: list[Any] | None = None  # `KnownItems.derive` of each item, if it has one
     folded: Any = None  # `KnownItems.fold` of the items, if it has one
+    marks: int | None = None  # how often `KnownItems.marks` is in the body, if it has one
 
 
 class KnownItems:
@@ -77,6 +79,9 @@ class KnownItems:
     known body's items, which the conversation begins with (None: it starts over): it must
     not change that, which the known body keeps. An error either raises (but a ValueError)
     reaches the caller of `split`.
+
+    `marks`, if given, is counted in each body (`Split.marks`): a body known before adds the
+    count in the bytes after it to the known one's, so a long history is not searched again.
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class KnownItems:
         min_bytes: int = SPLIT_FROM,
         derive: Callable[[Any], Any] | None = None,
         fold: Callable[[Split, Any], Any] | None = None,
+        marks: bytes = b"",
     ) -> None:
         self.accepts = accepts  # whether the dialect's checks pass an item
         self.min_bytes = min_bytes  # a shorter body is left to the whole-body path
@@ -95,6 +101,7 @@ class KnownItems:
         self.derive = derive
         self.derived: Memo[Any] = Memo(size, max_bytes=max_bytes)
         self.fold = fold
+        self.marks = marks
         self.bodies = KnownBodies()
 
     def split(self, raw: bytes, field: str) -> Split | None:
@@ -137,8 +144,11 @@ class KnownItems:
             end = start + len(listed[:-1].rstrip(_WHITESPACE))
             prefix, offsets = raw[:end], _offsets(listed, spans, start)
             split = split._replace(raw=ItemBytes(prefix, offsets, []))  # runs cut in one piece
-            known = _known(prefix, _values(before), offsets, split, _strings(prefix))
+            marks = prefix.count(self.marks) if self.marks else 0
+            known = _known(prefix, _values(before), offsets, split, _strings(prefix), marks)
             self.bodies.add(known)
+        if split is not None and self.marks:
+            split = split._replace(marks=raw.count(self.marks))
         return split
 
     def _after(self, raw: bytes, field: str, known: _Known) -> Split | None:
@@ -161,12 +171,15 @@ class KnownItems:
             return None
         spans = list(map(bytes, _ITEMS.decode(listed)))
         split = self._split(known.before, field, _values(fields), known, spans)
+        if split is not None and self.marks:
+            split = split._replace(marks=known.marks + raw.count(self.marks, len(known.prefix)))
         if split is not None and spans:
             start = len(raw) - len(rest)  # of listed[1:]
             end = start + len(listed[:-1].rstrip(_WHITESPACE)) - 1
             offsets = known.offsets + _offsets(listed, spans, start - 1)
             quotes = known.quotes + sum(map(_strings, spans))
-            later = _known(raw[:end], known.before, offsets, split, quotes)
+            marks = known.marks + raw.count(self.marks, len(known.prefix), end) if self.marks else 0
+            later = _known(raw[:end], known.before, offsets, split, quotes, marks)
             self.bodies.replace(known, later)
         return split
 
@@ -208,49 +221,6 @@ class KnownItems:
         return item
 
 
-class ItemBytes(Sequence[bytes]):
-    """The client's bytes of each item of a conversation: those of a known body's items, each
-    cut from the body's when asked for (a turn that goes upstream as it came asks for none),
-    then those of the items after them."""
-
-    def __init__(self, prefix: bytes, offsets: array[int], after: list[bytes]) -> None:
-        self._prefix = prefix
-        self._offsets = offsets
-        self._known = len(offsets) // 2
-        self._after = after
-
-    def __len__(self) -> int:
-        return self._known + len(self._after)
-
-    def run(self, start: int, stop: int) -> list[bytes]:
-        """The bytes of the items from `start` to `stop` (not included) in as few pieces as
-        they are in: the known items' in one, with the client's bytes between them, each of
-        the others alone. Written as they are, they are the client's array of those items."""
-        known = self._known
-        end = min(stop, known)
-        pieces = []
-        if start < end:
-            pieces.append(self._prefix[self._offsets[2 * start] : self._offsets[2 * end - 1]])
-        return pieces + self._after[max(start - known, 0) : max(stop - known, 0)]
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-            if index < 0:
-                raise IndexError(index)
-        if index < self._known:
-            return self._prefix[self._offsets[2 * index] : self._offsets[2 * index + 1]]
-        return self._after[index - self._known]
-
-
 class _Known(NamedTuple):
     """A body read: its bytes up to the end of its conversation's last item, the fields
     before the conversation, where each item is in those bytes (its first byte and the one
@@ -265,6 +235,7 @@ class _Known(NamedTuple):
     derived: list[Any]  # empty without `KnownItems.derive`
     folded: Any  # None without `KnownItems.fold`
     quotes: int  # in `prefix`: what its items take decoded grows with them (`_known`)
+    marks: int  # `KnownItems.marks` in `prefix`
     size: int
 
 
@@ -288,15 +259,18 @@ def _known(
     offsets: array[int],
     split: Split,
     quotes: int,
+    marks: int,
 ) -> _Known:
-    """The body read as `split`, its bytes `prefix` holding `quotes` quotes."""
+    """The body read as `split`, its bytes `prefix` holding `quotes` quotes and `marks`
+    marks."""
     derived = [] if split.derived is None else split.derived
     made = split.derived is not None or split.folded is not None
     per_item = _PER_ITEM + (_MADE_PER_ITEM if made else 0)
     per_quote = _PER_QUOTE + (_MADE_PER_QUOTE if made else 0)
     size = _PER_BODY + 2 * len(prefix) + per_quote * quotes + per_item * len(split.items)
     keys = array("q", split.keys)
-    return _Known(prefix, before, offsets, keys, split.items, derived, split.folded, quotes, size)
+    folded = split.folded
+    return _Known(prefix, before, offsets, keys, split.items, derived, folded, quotes, marks, size)
 
 
 def _strings(data: bytes) -> int:

@@ -15,18 +15,20 @@ from typing import Any
 from proxy.dialects.anthropic.blocks import THINKING, Block
 
 MAX_BREAKPOINTS = 4
+BREAKPOINT = b'"cache_control"'  # the key of one, in JSON
 ONE_HOUR = "1h"
 
 
 def with_breakpoints(
-    body: Mapping[str, Any], raw: bytes, messages: list[Block], marks: Sequence[int]
+    body: Mapping[str, Any], taken: int, messages: list[Block], marks: Sequence[int]
 ) -> list[Block]:
     """`messages` with a breakpoint added on each message at `marks` (in order of priority)
-    that has none yet, while the request `raw` has free slots. Each added breakpoint lasts as
-    long as the longest one after it, so that the order of TTLs stays valid."""
+    that has none yet, while the request, whose own bytes hold `taken` keys of breakpoints,
+    has free slots. Each added breakpoint lasts as long as the longest one after it, so that
+    the order of TTLs stays valid."""
     # The client's breakpoints, counted in its own bytes: a key of that name inside a tool's
     # input counts too, which only ever leaves a slot unused.
-    free = MAX_BREAKPOINTS - raw.count(b'"cache_control"')
+    free = MAX_BREAKPOINTS - taken
     automatic = body.get("cache_control")
     out = list(messages)
     for index in marks:

@@ -15,9 +15,11 @@ import orjson
 
 from policies import Message
 from proxy.dialects.anthropic.blocks import BadBlock, canonical
+from proxy.dialects.anthropic.breakpoints import BREAKPOINT
 from proxy.dialects.base import Parsed
+from proxy.dialects.item_bytes import ItemBytes
 from proxy.dialects.json_checks import refuse_too_deep
-from proxy.dialects.raw_items import ItemBytes, KnownItems, Split
+from proxy.dialects.raw_items import KnownItems, Split
 from proxy.errors import InvalidRequest
 
 
@@ -25,7 +27,9 @@ def known_messages(split_from: int) -> KnownItems:
     """The messages of the requests read, by their bytes, with their canonical messages, and
     the bodies read last with the canonical messages of all of theirs (bodies shorter than
     `split_from` are read whole)."""
-    return KnownItems(_is_object, min_bytes=split_from, derive=_canonical, fold=_assembled)
+    return KnownItems(
+        _is_object, min_bytes=split_from, derive=_canonical, fold=_assembled, marks=BREAKPOINT
+    )
 
 
 def read_request(known: KnownItems, raw: bytes) -> Parsed:
@@ -36,7 +40,7 @@ def read_request(known: KnownItems, raw: bytes) -> Parsed:
         split = None  # the whole-body path names the message and block
     if split is None:
         return read_whole(raw)
-    return _parsed(raw, split.body, split.folded, split.raw)
+    return _parsed(raw, split.body, split.folded, split.raw, split.marks)
 
 
 def read_whole(raw: bytes) -> Parsed:
@@ -60,9 +64,10 @@ def _parsed(
     body: dict[str, Any],
     assembled: _Assembled | None,
     sent: ItemBytes | None,
+    marks: int | None = None,
 ) -> Parsed:
     """`body` read, with its canonical messages and the client's bytes of each message
-    (`sent`) when the split assembled them."""
+    (`sent`) and its count of breakpoints' keys (`marks`) when the split assembled them."""
     model = body.get("model")
     messages = body.get("messages")
     max_tokens = body.get("max_tokens")
@@ -86,6 +91,7 @@ def _parsed(
         max_output=max_tokens,
         keys=assembled.keys,
         raw_items=sent,
+        marks=marks,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from policies import Message
 from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
-from proxy.dialects.anthropic.breakpoints import with_breakpoints
+from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
 from proxy.dialects.base import Entries, Parsed
 
 MARK_LOOKBACK = 8  # messages before a breakpoint's place where one with blocks takes it
@@ -51,36 +51,35 @@ def groups(parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]
     """
     spans = cast(Sequence[slice], parsed.spans)
     messages, natives = parsed.messages, parsed.items
-    # How many canonical messages each native message has, and the first one's place.
-    sizes, firsts = [0] * len(natives), [0] * len(natives)
-    for position in reversed(range(len(spans))):
-        native = spans[position].start
-        sizes[native] += 1
-        firsts[native] = position
+    last = len(spans) - 1
     out: list[tuple[int | None, list[Any]]] = []
     run: list[tuple[int, Message]] = []  # the canonical messages shown of a shared one
 
     def flush() -> None:
         index, _ = run[-1]
         native = spans[index].start
-        if len(run) == sizes[native] and all(m is messages[i] for i, m in run):
+        members = _members(spans, index)
+        if len(run) == len(members) and all(m is messages[i] for i, m in run):
             items = [natives[native]]
         else:
-            shown_as, first = dict(run), firsts[native]
-            members = range(first, first + sizes[native])
+            shown_as = dict(run)
             shown = [(messages[i], shown_as.get(i)) for i in members]
             items = shared_items([natives[native]], shown)
         out.append((index, items))
         run.clear()
 
     for index, message in entries:
-        if index is not None and run and spans[run[0][0]].start != spans[index].start:
-            flush()
         if index is None:
             if run:
                 flush()
             out.append((None, summary_items(message)))
-        elif sizes[native := spans[index].start] == 1:  # most messages: one of their own
+            continue
+        native = spans[index].start
+        if run and spans[run[0][0]].start != native:
+            flush()
+        before = spans[index - 1].start if index else -1
+        after = spans[index + 1].start if index < last else -1
+        if native != before and native != after:  # most messages: one of their own
             original = messages[index]
             if message is original:
                 out.append((index, [natives[native]]))
@@ -91,6 +90,18 @@ def groups(parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]
     if run:
         flush()
     return out
+
+
+def _members(spans: Sequence[slice], index: int) -> range:
+    """The canonical messages of the native message canonical message `index` is of: those
+    next to it with the same native message (a step per member, not per message)."""
+    native = spans[index].start
+    first, stop = index, index + 1
+    while first > 0 and spans[first - 1].start == native:
+        first -= 1
+    while stop < len(spans) and spans[stop].start == native:
+        stop += 1
+    return range(first, stop)
 
 
 def view_items(parsed: Parsed, entries: Entries, breakpoints: bool) -> list[Any] | None:
@@ -155,7 +166,9 @@ def _marked(
         items, (p for p in backwards if (at := sources[p]) is not None and at < repeated)
     )
     marks = [position for position in (rewritten, stable) if position is not None]
-    return with_breakpoints(parsed.body, parsed.raw, items, marks)
+    # Counted by the split of the body, which counts only what a known body's turn adds.
+    taken = parsed.raw.count(BREAKPOINT) if parsed.marks is None else parsed.marks
+    return with_breakpoints(parsed.body, taken, items, marks)
 
 
 def _markable(items: list[Any], positions: Iterator[int]) -> int | None:

@@ -17,6 +17,7 @@ import orjson
 from policies import Message
 from proxy.dialects.base import Parsed, Usage
 from proxy.dialects.capabilities import OutputLimits, OutputOverflow
+from proxy.dialects.item_bytes import ItemBytes
 from proxy.dialects.json_checks import (
     BadField,
     all_typed_objects,
@@ -32,7 +33,7 @@ from proxy.dialects.openai.shared import (
     is_reasoning_model,
     with_output_limit,
 )
-from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownItems
+from proxy.dialects.raw_items import SPLIT_FROM, KnownItems
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.models.tokens import TokenCounter
 

@@ -16,6 +16,7 @@ import orjson
 from policies import Message
 from proxy.dialects.base import Parsed, Usage
 from proxy.dialects.capabilities import OutputLimits, OutputOverflow, StreamOverflow
+from proxy.dialects.item_bytes import ItemBytes
 from proxy.dialects.json_checks import invalid_type, load_object, optional_int
 from proxy.dialects.openai.responses_edits import edited_items
 from proxy.dialects.openai.responses_items import Mapped, map_items
@@ -25,7 +26,7 @@ from proxy.dialects.openai.shared import (
     is_reasoning_model,
     with_output_limit,
 )
-from proxy.dialects.raw_items import SPLIT_FROM, ItemBytes, KnownItems, Split
+from proxy.dialects.raw_items import SPLIT_FROM, KnownItems, Split
 from proxy.dialects.sse import EventStream
 from proxy.errors import InvalidRequest, SummaryFailed
 from proxy.models.tokens import TokenCounter
