@@ -1,12 +1,12 @@
 """The client's first byte does not wait for the proxy's bookkeeping: an answer's metrics, its
 log line and the dashboard's turn come once its first bytes went out (a stream's first chunk,
-a whole answer's body)."""
+a whole answer's body); and an answer's head goes out with those bytes in one write."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import orjson
 import pytest
@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message
 
 from proxy.errors import StreamBroken
 from proxy.server.app import create_app
+from proxy.server.protocol import HeldHead
 from proxy.server.relay import Relay
 from tests.conftest import ConfigFactory
 from tests.fakes.openai import FakeUpstream
@@ -138,3 +139,59 @@ async def test_a_relay_with_no_chunk_out_still_counts_once_as_it_ends(
 
     await asyncio.wait_for(relay({"type": "http"}, receive, send), 5)
     assert seen == ["http.response.start", "counted", outcome]
+
+
+class Written(asyncio.Transport):
+    """A transport that keeps what is written, one entry a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.calls.append(bytes(data))
+
+    def writelines(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.calls.append(b"".join(parts))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+async def test_an_answers_head_goes_out_with_its_first_body_bytes_in_one_write() -> None:
+    written = Written()
+    held = HeldHead(written, asyncio.get_running_loop())
+    held.holding = True
+    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    held.holding = False
+    held.write(b"body")
+    await asyncio.sleep(0)  # the flush it had planned does nothing
+    assert written.calls == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+
+
+async def test_a_head_whose_body_is_not_there_goes_out_alone_at_the_next_step() -> None:
+    written = Written()
+    held = HeldHead(written, asyncio.get_running_loop())
+    held.holding = True
+    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    held.holding = False
+    assert written.calls == []
+    await asyncio.sleep(0)
+    assert written.calls == [b"HTTP/1.1 200 OK\r\n\r\n"]
+    held.write(b"later")
+    assert written.calls[1:] == [b"later"]
+
+
+async def test_a_held_head_goes_out_before_its_connection_closes() -> None:
+    written = Written()
+    held = HeldHead(written, asyncio.get_running_loop())
+    held.holding = True
+    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    held.holding = False
+    held.close()
+    await asyncio.sleep(0)
+    assert written.calls == [b"HTTP/1.1 200 OK\r\n\r\n"] and written.closed

@@ -10,6 +10,12 @@ forwarded anywhere.
 
 An HTTP/1.0 client knows no chunked encoding: an answer of unknown length (a stream) goes to
 it delimited by the end of the connection, where uvicorn would chunk it.
+
+An answer's head goes out with the first part of its body, in one write, when that part is
+sent in the same step of the event loop (a whole answer, or a stream whose first chunk came
+with the upstream's head): uvicorn writes each alone, and the client then reads the head and
+its first bytes in two packets, waking twice. A head whose body is not there yet goes out
+alone at the loop's next step (`HeldHead`).
 """
 
 from __future__ import annotations
@@ -102,8 +108,11 @@ class ClientProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         super().on_headers_complete()
         cycle = self.cycle
-        if self.scope["http_version"] == "1.0" and cycle is not None and cycle.scope is self.scope:
-            cycle.__class__ = CloseDelimited  # uvicorn makes its cycle by name: this one, as 1.0's
+        if cycle is not None and cycle.scope is self.scope:
+            # uvicorn makes its cycle by name: this one, as 1.0's when it is
+            one_oh = self.scope["http_version"] == "1.0"
+            cycle.__class__ = CloseDelimited if one_oh else Cycle
+            cycle.transport = HeldHead(cycle.transport, self.loop)
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -138,7 +147,61 @@ class ClientProtocol(HttpToolsProtocol):
         return error
 
 
-class CloseDelimited(RequestResponseCycle):
+class HeldHead(asyncio.Transport):
+    """A cycle's transport: a write made while `holding` (the answer's head) is held until the
+    next write, and goes out with it in one; else alone at the loop's next step."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.transport = transport
+        self.loop = loop
+        self.holding = False
+        self._held: bytes | bytearray | memoryview = b""
+        self._flush: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.holding:
+            self._held = data
+            self._flush = self.loop.call_soon(self.flush)
+        elif self._held:
+            held, self._held = self._held, b""
+            self._flush.cancel()  # type: ignore[union-attr]
+            self.transport.writelines((held, data))
+        else:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, b""
+        if held and not self.transport.is_closing():
+            self.transport.write(held)
+
+    def close(self) -> None:
+        if self._held:
+            self._flush.cancel()  # type: ignore[union-attr]
+            self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
+class Cycle(RequestResponseCycle):
+    """One request and its answer, the answer's head held for its body's first part."""
+
+    transport: HeldHead
+
+    async def send(self, message: Any) -> None:
+        if message["type"] != "http.response.start":
+            await super().send(message)
+            return
+        self.transport.holding = True
+        try:
+            await super().send(message)
+        finally:
+            self.transport.holding = False
+
+
+class CloseDelimited(Cycle):
     """A request/answer cycle of an HTTP/1.0 client (whose connection ends with the answer):
     a body of unknown length is written as it comes, and the connection's end ends it."""
 
