@@ -162,36 +162,37 @@ class Written(asyncio.Transport):
         return self.closed
 
 
-async def test_an_answers_head_goes_out_with_its_first_body_bytes_in_one_write() -> None:
+HEAD = b"HTTP/1.1 200 OK\r\n\r\n"
+
+
+def head_held() -> tuple[Written, HeldHead]:
+    """A transport, and the cycle's over it with an answer's head written while holding."""
     written = Written()
     held = HeldHead(written, asyncio.get_running_loop())
     held.holding = True
-    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    held.write(HEAD)
     held.holding = False
+    return written, held
+
+
+async def test_an_answers_head_goes_out_with_its_first_body_bytes_in_one_write() -> None:
+    written, held = head_held()
     held.write(b"body")
     await asyncio.sleep(0)  # the flush it had planned does nothing
-    assert written.calls == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+    assert written.calls == [HEAD + b"body"]
 
 
 async def test_a_head_whose_body_is_not_there_goes_out_alone_at_the_next_step() -> None:
-    written = Written()
-    held = HeldHead(written, asyncio.get_running_loop())
-    held.holding = True
-    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    held.holding = False
+    written, held = head_held()
     assert written.calls == []
     await asyncio.sleep(0)
-    assert written.calls == [b"HTTP/1.1 200 OK\r\n\r\n"]
+    assert written.calls == [HEAD]
     held.write(b"later")
     assert written.calls[1:] == [b"later"]
 
 
 async def test_a_held_head_goes_out_before_its_connection_closes() -> None:
-    written = Written()
-    held = HeldHead(written, asyncio.get_running_loop())
-    held.holding = True
-    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    held.holding = False
+    written, held = head_held()
     held.close()
     await asyncio.sleep(0)
-    assert written.calls == [b"HTTP/1.1 200 OK\r\n\r\n"] and written.closed
+    assert written.calls == [HEAD] and written.closed
