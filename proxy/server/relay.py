@@ -51,32 +51,24 @@ class Relay:
         self.started = started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.relay(send, Watch(receive))
+
+    async def relay(self, send: Send, watch: Watch) -> None:
+        """Relay in this task, which `watch` (made in it) cancels when the client goes away;
+        stopped once the relay is over."""
         head, tail = bytearray(), bytearray()
-        # The relay runs in this task; a watch of the connection cancels it when the client
-        # goes away (one task a stream, not two and a wait: the first chunk goes out sooner).
-        task = asyncio.current_task()
-        assert task is not None
-        gone = False
-
-        async def watch_connection() -> None:
-            nonlocal gone
-            await until_disconnect(receive)
-            gone = True
-            task.cancel()
-
-        watch = asyncio.ensure_future(watch_connection())
         outcome = "ended"  # the relay itself was cancelled (the shutdown ended it)
         try:
             outcome = "upstream_broken"  # unless the pump says otherwise
             outcome = await self._pump(send, head, tail)
         except asyncio.CancelledError:
-            if not gone:
+            if not watch.gone:
                 outcome = "ended"
                 raise
-            task.uncancel()
+            watch.task.uncancel()
             outcome = "client_disconnected"
         finally:
-            watch.cancel()
+            watch.stop()
             self._started()
             # Whatever happened, the upstream response is closed and accounted for.
             aclose = getattr(self.chunks, "aclose", None)
@@ -130,6 +122,29 @@ def relayed(
             then(head, tail, outcome)
 
     return Relay(response.status, headers, chunks, on_end, started)
+
+
+class Watch:
+    """A watch of the client's connection that cancels the task it was made in when the
+    client goes away (`gone`), once `ready` is set (the request's body read) if given: one task
+    for the request, from its body to the end of its answer, not one and a wait for each."""
+
+    def __init__(self, receive: Receive, ready: asyncio.Event | None = None) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.gone = False
+        self._watch = asyncio.ensure_future(self._run(receive, ready))
+
+    async def _run(self, receive: Receive, ready: asyncio.Event | None) -> None:
+        if ready is not None:
+            await ready.wait()
+        await until_disconnect(receive)
+        self.gone = True
+        self.task.cancel()
+
+    def stop(self) -> None:
+        self._watch.cancel()
 
 
 async def until_disconnect(receive: Receive) -> None:
