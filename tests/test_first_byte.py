@@ -88,13 +88,14 @@ async def test_the_answer_goes_out_before_the_proxy_counts_and_logs_it(
     marks = Marks(seen)
     logger = logging.getLogger("compaction_proxy")
     logger.addHandler(marks)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # (not `level =`: the logger caches what it said before)
     body = orjson.dumps({"model": "small-8k", "messages": HELLO, "stream": stream})
     try:
         await served(app, body, seen)
     finally:
         logger.removeHandler(marks)
-        logger.level = level
+        logger.setLevel(level)
         await app.state.proxy.client.close()
     # Counted and logged once, after the head and the first body bytes.
     assert seen[:3] == ["head", "body", "logged"]

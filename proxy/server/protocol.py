@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from uvicorn.config import Config as UvicornConfig
@@ -190,10 +191,13 @@ class Cycle(RequestResponseCycle):
 
     transport: HeldHead
 
-    async def send(self, message: Any) -> None:
-        if message["type"] != "http.response.start":
-            await super().send(message)
-            return
+    def send(self, message: Any) -> Coroutine[Any, Any, None]:
+        # No coroutine of its own but for the head: uvicorn's send is awaited as it is.
+        if message["type"] == "http.response.start":
+            return self._send_head(message)
+        return super().send(message)
+
+    async def _send_head(self, message: Any) -> None:
         self.transport.holding = True
         try:
             await super().send(message)

@@ -170,7 +170,9 @@ class Whole(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            status, headers = self.status_code, self.raw_headers
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": self.body})
         finally:
             if self.then is not None:
                 self.then()
