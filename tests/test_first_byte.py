@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message
 
 from proxy.errors import StreamBroken
 from proxy.server.app import create_app
-from proxy.server.protocol import HeldHead
+from proxy.server.protocol import JOINED, HeldHead
 from proxy.server.relay import Relay
 from tests.conftest import ConfigFactory
 from tests.fakes.openai import FakeUpstream
@@ -197,3 +197,10 @@ async def test_a_held_head_goes_out_before_its_connection_closes() -> None:
     held.close()
     await asyncio.sleep(0)
     assert written.calls == [HEAD] and written.closed
+
+
+async def test_a_large_body_is_not_copied_to_join_its_head() -> None:
+    written, held = head_held()
+    body = b"x" * JOINED
+    held.write(body)
+    assert written.calls == [HEAD, body]

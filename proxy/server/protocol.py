@@ -44,6 +44,8 @@ MESSAGES, OPENAI = Messages(), Chat()
 # After a refusal the client may still be sending its head: what comes is read and dropped for
 # this long, so that the 431 is not lost to a reset (closing with unread data sends one).
 LINGER_SECONDS = 2.0
+# A body part shorter than this goes out in one write with its answer's head.
+JOINED = 64 * 1024
 
 
 def protocol_for(listen: Listen) -> type[HttpToolsProtocol]:
@@ -167,7 +169,12 @@ class HeldHead(asyncio.Transport):
         elif self._held:
             held, self._held = self._held, b""
             self._flush.cancel()  # type: ignore[union-attr]
-            self.transport.writelines((held, data))
+            if len(data) < JOINED:
+                # One write (uvloop's writelines of two parts takes its slower path).
+                self.transport.write(b"".join((held, data)))
+            else:  # a large body is not copied for it: its head goes just before it
+                self.transport.write(held)
+                self.transport.write(data)
         else:
             self.transport.write(data)
 
