@@ -169,8 +169,7 @@ class HeldHead(asyncio.Transport):
         elif self._held:
             held, self._held = self._held, b""
             self._flush.cancel()  # type: ignore[union-attr]
-            if len(data) < JOINED:
-                # One write (uvloop's writelines of two parts takes its slower path).
+            if len(data) < JOINED:  # one write, one packet
                 self.transport.write(b"".join((held, data)))
             else:  # a large body is not copied for it: its head goes just before it
                 self.transport.write(held)
