@@ -1,7 +1,7 @@
 """Instructions the proxy's process runs per small request, counted by valgrind's callgrind:
 a figure that does not move with the machine's load, as overhead.py's times do.
 
-    .venv/bin/python bench/instructions.py [--compare REV] [--requests 200]
+    .venv/bin/python bench/instructions.py [--compare REV] [--requests 200] [--streamed] [--redis]
     .venv/bin/python bench/instructions.py --replayed [--compare REV] [--requests 30]
 
 Each way is `compaction-proxy serve` under `valgrind --tool=callgrind --instr-atstart=no` in
@@ -10,6 +10,8 @@ then instrumentation on for `--requests` more, 4 at a time over keep-alive conne
 the count of instructions read from callgrind's dump, divided by the requests. The ways: this
 code (the dashboard's bookkeeping of every turn on, as with the admin API it is by default),
 this code with `admin.dashboard.enabled: false`, and with --compare, REV's code.
+`--streamed`: the small request streamed instead (overhead.py's time-to-first-byte case, its
+events 1 ms apart); `--redis`: the Redis store instead of the in-memory one.
 
 `--replayed`: per replayed turn of a compacted session instead (overhead.py's case, each
 API, the Redis store), one turn at a time: each API's session compacted and 5 turns replayed,
@@ -35,7 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common
 from common import ROOT, fake_upstream, free_port, serve
-from overhead import HEADERS, SMALL, checkout, own_keys, proxy_config, sealed_reasoning
+from overhead import (
+    HEADERS,
+    SMALL,
+    STREAM,
+    STREAM_HEADERS,
+    checkout,
+    own_keys,
+    proxy_config,
+    sealed_reasoning,
+)
 from replayed_turns import Replayed, cases, compact
 
 WARM_UP = 100
@@ -69,13 +80,14 @@ def counted(config_yaml: str, profile: Path, tree: Path = ROOT) -> Iterator[comm
         yield server
 
 
-async def send(url: str, count: int) -> None:
-    path, body = SMALL
+async def send(url: str, count: int, streamed: bool = False) -> None:
+    path, body = STREAM if streamed else SMALL
+    headers = STREAM_HEADERS if streamed else HEADERS
     async with aiohttp.ClientSession() as session:
 
         async def worker(share: int) -> None:
             for _ in range(share):
-                async with session.post(url + path, data=body, headers=HEADERS) as response:
+                async with session.post(url + path, data=body, headers=headers) as response:
                     assert response.status == 200, await response.text()
                     await response.read()
 
@@ -98,11 +110,12 @@ def per_request(
     profile: Path,
     requests: int,
     case: Replayed | None = None,
+    streamed: bool = False,
 ) -> float:
     """Millions of instructions per request, of `requests` counted after the warm-up: small
-    requests, or `case`'s replayed turns."""
+    requests (`streamed` or not), or `case`'s replayed turns."""
     if case is None:
-        asyncio.run(send(server.url, WARM_UP))
+        asyncio.run(send(server.url, WARM_UP, streamed))
     else:
         asyncio.run(replay(server.url, case, 5, first=True))
     pid = str(server.pid)
@@ -111,7 +124,7 @@ def per_request(
     for command in ("--instr=on", "--zero"):
         subprocess.run(["callgrind_control", command, pid], check=True, capture_output=True)
     if case is None:
-        asyncio.run(send(server.url, requests))
+        asyncio.run(send(server.url, requests, streamed))
     else:
         asyncio.run(replay(server.url, case, requests))
     subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
@@ -157,24 +170,31 @@ def main() -> None:
     parser.add_argument("--compare", help="also count this revision's code")
     parser.add_argument("--requests", type=int, help="counted (default: 200, replayed 30)")
     parser.add_argument("--replayed", action="store_true", help="replayed compacted turns")
+    parser.add_argument("--streamed", action="store_true", help="small streamed requests")
+    parser.add_argument("--redis", action="store_true", help="the Redis store (--redis-url)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
     if args.replayed:
         replayed(args.compare, args.requests or 30, args.redis_url)
         return
     with fake_upstream({"gpt-4o": 1_000_000}) as upstream, contextlib.ExitStack() as stack:
-        config = proxy_config(upstream.url, "memory://", "cpbench")
+        prefix = f"cpbench-{os.urandom(4).hex()}"
+        if args.redis:
+            stack.enter_context(own_keys(args.redis_url, prefix))
+        store = args.redis_url if args.redis else "memory://"
+        config = proxy_config(upstream.url, store, prefix)
         ways = [("this code, the dashboard's bookkeeping on", config, ROOT)]
         off = config.replace(ADMIN, NO_DASHBOARD)
         ways.append(("this code, admin.dashboard.enabled: false", off, ROOT))
         if args.compare:
             ways.append((f"{args.compare}", config, stack.enter_context(checkout(args.compare))))
-        print("| code | instructions per small request |\n|---|---|")
+        kind = "small streamed request" if args.streamed else "small request"
+        print(f"| code | instructions per {kind}, {store.split(':')[0]} store |\n|---|---|")
         for name, yaml_text, tree in ways:
             with tempfile.TemporaryDirectory() as folder:
                 profile = Path(folder) / "callgrind.out"
                 with counted(yaml_text, profile, tree) as server:
-                    figure = per_request(server, profile, args.requests or 200)
+                    figure = per_request(server, profile, args.requests or 200, None, args.streamed)
             print(f"| {name} | {figure:.3f} M |", flush=True)
 
 

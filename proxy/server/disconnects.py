@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.observability.metrics import Metrics
 from proxy.server.incoming import IncomingRequest
-from proxy.server.relay import until_disconnect
+from proxy.server.relay import Relay, Watch
 
 # A handler of the proxy's: a request in, any ASGI app (a Response or a Relay) out.
 Endpoint = Callable[[Request], Awaitable[ASGIApp]]
@@ -46,26 +46,21 @@ class WatchedEndpoint:
             return message
 
         # The handler runs in this task; a watch of the connection cancels it when the client
-        # goes away (one task a request, not two and a wait).
-        task = asyncio.current_task()
-        assert task is not None
-        gone = False
-
-        async def watch_connection() -> None:
-            nonlocal gone
-            await body_read.wait()
-            await until_disconnect(receive)
-            gone = True
-            task.cancel()
-
-        watch = asyncio.ensure_future(watch_connection())
+        # goes away, and goes on watching while a stream is relayed.
+        watch = Watch(receive, body_read)
         try:
             app = await self.handler(IncomingRequest(scope, receive_body, send))
         except asyncio.CancelledError:
-            if not gone:
+            if not watch.gone:
+                watch.stop()
                 raise  # the shutdown ended it
-            task.uncancel()
+            watch.task.uncancel()
             app = client_gone(self.metrics)
-        finally:
-            watch.cancel()
+        except BaseException:
+            watch.stop()
+            raise
+        if isinstance(app, Relay) and body_read.is_set():
+            await app.relay(send, watch)
+            return
+        watch.stop()
         await app(scope, receive, send)

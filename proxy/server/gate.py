@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -84,10 +84,11 @@ class Gate:
         assert task is not None
         started = False
 
-        async def watched(message: Message) -> None:
+        def watched(message: Message) -> Awaitable[None]:
+            # No coroutine of its own: the server's send is awaited as it is, every chunk.
             nonlocal started
             started = started or message["type"] == "http.response.start"
-            await send(message)
+            return send(message)
 
         self._running.add(task)
         try:

@@ -9,6 +9,7 @@ path, `overflows`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -268,15 +269,20 @@ class Handler:
         settled: Settled | None = None,
     ) -> Response:
         """The whole answer; with `settled`, after the proxy's own tool calls in it were
-        answered (calibrated by the first upstream answer: the one to the forwarded body)."""
+        answered (calibrated by the first upstream answer: the one to the forwarded body).
+        Calibrated and counted once it went out."""
         response.release()
         status = response.status if settled is None else settled.status
         if settled is not None:
             payload = settled.payload
-        if response.status == 200:
-            first = payload if settled is None else settled.first
-            self._calibrate(request, labels, forward, self.dialect.usage(first))
-        self._count(request, labels, forward, status)
+        first = payload if settled is None else settled.first
+        calibrated = response.status == 200
+
+        def answered() -> None:
+            if calibrated:
+                self._calibrate(request, labels, forward, self.dialect.usage(first))
+            self._count(request, labels, forward, status)
+
         headers = self._headers(forward, response, overhead)
         if settled is not None:
             headers.append(("x-compaction-retrievals", str(settled.retrievals)))
@@ -285,7 +291,7 @@ class Handler:
                 headers = [h for h in headers if h[0].lower() not in _SSE_TYPED]
                 headers += SSE_HEADERS if sse else []
                 headers.append(("content-type", SSE_TYPE if sse else "application/json"))
-        return whole_response(payload, status, headers)
+        return whole_response(payload, status, headers, answered)
 
     def _relay(
         self,
@@ -316,8 +322,8 @@ class Handler:
                 usage = start or dialect.stream_usage(tail)
                 self._calibrate(request, labels, forward, usage)
 
-        self._count(request, labels, forward, response.status)
-        return relayed(response, headers, chunks, on_end)
+        started = functools.partial(self._count, request, labels, forward, response.status)
+        return relayed(response, headers, chunks, on_end, started)
 
     def _pass_on(
         self,
@@ -329,9 +335,9 @@ class Handler:
         idle: float,
     ) -> Relay:
         """An answer too large to hold, relayed as it comes (its usage unread)."""
-        self._count(request, labels, forward, response.status)
+        started = functools.partial(self._count, request, labels, forward, response.status)
         headers = self._headers(forward, response, overhead)
-        return relayed(response, headers, response.chunks(idle))
+        return relayed(response, headers, response.chunks(idle), started=started)
 
     def _calibrate(
         self, request: ClientRequest, labels: RequestLabels, forward: Forward, usage: Usage | None

@@ -10,12 +10,19 @@ forwarded anywhere.
 
 An HTTP/1.0 client knows no chunked encoding: an answer of unknown length (a stream) goes to
 it delimited by the end of the connection, where uvicorn would chunk it.
+
+An answer's head goes out with the first part of its body, in one write, when that part is
+sent in the same step of the event loop (a whole answer, or a stream whose first chunk came
+with the upstream's head): uvicorn writes each alone, and the client then reads the head and
+its first bytes in two packets, waking twice. A head whose body is not there yet goes out
+alone at the loop's next step (`HeldHead`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from uvicorn.config import Config as UvicornConfig
@@ -37,6 +44,8 @@ MESSAGES, OPENAI = Messages(), Chat()
 # After a refusal the client may still be sending its head: what comes is read and dropped for
 # this long, so that the 431 is not lost to a reset (closing with unread data sends one).
 LINGER_SECONDS = 2.0
+# A body part shorter than this goes out in one write with its answer's head.
+JOINED = 64 * 1024
 
 
 def protocol_for(listen: Listen) -> type[HttpToolsProtocol]:
@@ -102,8 +111,11 @@ class ClientProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         super().on_headers_complete()
         cycle = self.cycle
-        if self.scope["http_version"] == "1.0" and cycle is not None and cycle.scope is self.scope:
-            cycle.__class__ = CloseDelimited  # uvicorn makes its cycle by name: this one, as 1.0's
+        if cycle is not None and cycle.scope is self.scope:
+            # uvicorn makes its cycle by name: this one, as 1.0's when it is
+            one_oh = self.scope["http_version"] == "1.0"
+            cycle.__class__ = CloseDelimited if one_oh else Cycle
+            cycle.transport = HeldHead(cycle.transport, self.loop)
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -138,7 +150,68 @@ class ClientProtocol(HttpToolsProtocol):
         return error
 
 
-class CloseDelimited(RequestResponseCycle):
+class HeldHead(asyncio.Transport):
+    """A cycle's transport: a write made while `holding` (the answer's head) is held until the
+    next write, and goes out with it in one; else alone at the loop's next step."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.transport = transport
+        self.loop = loop
+        self.holding = False
+        self._held: bytes | bytearray | memoryview = b""
+        self._flush: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.holding:
+            self._held = data
+            self._flush = self.loop.call_soon(self.flush)
+        elif self._held:
+            held, self._held = self._held, b""
+            self._flush.cancel()  # type: ignore[union-attr]
+            if len(data) < JOINED:  # one write, one packet
+                self.transport.write(b"".join((held, data)))
+            else:  # a large body is not copied for it: its head goes just before it
+                self.transport.write(held)
+                self.transport.write(data)
+        else:
+            self.transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, b""
+        if held and not self.transport.is_closing():
+            self.transport.write(held)
+
+    def close(self) -> None:
+        if self._held:
+            self._flush.cancel()  # type: ignore[union-attr]
+            self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
+class Cycle(RequestResponseCycle):
+    """One request and its answer, the answer's head held for its body's first part."""
+
+    transport: HeldHead
+
+    def send(self, message: Any) -> Coroutine[Any, Any, None]:
+        # No coroutine of its own but for the head: uvicorn's send is awaited as it is.
+        if message["type"] == "http.response.start":
+            return self._send_head(message)
+        return super().send(message)
+
+    async def _send_head(self, message: Any) -> None:
+        self.transport.holding = True
+        try:
+            await super().send(message)
+        finally:
+            self.transport.holding = False
+
+
+class CloseDelimited(Cycle):
     """A request/answer cycle of an HTTP/1.0 client (whose connection ends with the answer):
     a body of unknown length is written as it comes, and the connection's end ends it."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -42,17 +43,24 @@ def relayable(
     headers: Iterable[tuple[str, str]], drop: frozenset[str] = frozenset()
 ) -> list[tuple[str, str]]:
     """Headers minus hop-by-hop ones (and those the Connection header names) and `drop`."""
-    pairs = list(headers)
-    names = [name.lower() for name, _ in pairs]
-    skip = HOP_BY_HOP | FRAMING | drop
-    if "connection" in names:
-        skip |= {
-            token.strip().lower()
-            for name, (_, value) in zip(names, pairs, strict=True)
-            if name == "connection"
-            for token in value.split(",")
-        }
-    return [pair for name, pair in zip(names, pairs, strict=True) if name not in skip]
+    skip = _skipped(drop)
+    kept: list[tuple[str, str]] = []
+    named: set[str] = set()  # by the Connection header(s): they speak for one connection
+    for pair in headers:
+        name = pair[0].lower()
+        if name == "connection":
+            named.update(token.strip().lower() for token in pair[1].split(","))
+        elif name not in skip:
+            kept.append(pair)
+    if named:
+        kept = [pair for pair in kept if pair[0].lower() not in named]
+    return kept
+
+
+@functools.cache
+def _skipped(drop: frozenset[str]) -> frozenset[str]:
+    """What `relayable` leaves out whatever the Connection header says (a handful of sets)."""
+    return HOP_BY_HOP | FRAMING | drop
 
 
 class Transport(Protocol):
