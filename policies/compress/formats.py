@@ -206,12 +206,14 @@ def html_text(text: str) -> str:
 def unescape(text: str) -> str:
     """`html.unescape(text)`; by `str.replace` when every `&` begins one of the common
     entities (html.unescape calls back into Python for each one)."""
-    if text.count("&") != sum(text.count(entity) for entity in _ENTITIES):
+    counts = [text.count(entity) for entity in _ENTITIES]
+    if text.count("&") != sum(counts):
         return html.unescape(text)
     # Each entity is one charref of html.unescape (none holds a second `&`), and `&` comes
-    # back last, so that no replacement makes another entity.
-    for entity, char in _ENTITIES.items():
-        text = text.replace(entity, char)
+    # back last, so that no replacement makes another entity; those absent are not looked for.
+    for (entity, char), count in zip(_ENTITIES.items(), counts, strict=True):
+        if count:
+            text = text.replace(entity, char)
     return text
 
 
@@ -229,9 +231,13 @@ def _blob_runs(text: str, chars: int) -> tuple[tuple[int, int, str], ...]:
 def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
     """Looked for only in the long whitespace-free tokens (split in C): a regex over the
     whole text tries again at every position of every word, ten times slower."""
+    lines = text.split("\n")
+    lengths = list(map(len, lines))
+    if max(lengths) < chars:  # most outputs: no line, so no token, that long; none looked at
+        return
     at = 0
     tokens = text.split()
-    # Most outputs have no token that long: their lengths are measured in C, none looked at.
+    # Few outputs have a token that long: their lengths are measured in C, none looked at.
     for token in tokens if tokens and max(map(len, tokens)) >= chars else ():
         if len(token) < chars:
             continue
@@ -246,8 +252,6 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
             elif _mixed(found.group()):
                 yield start, end, "base64"
         at += len(token)
-    lines = text.split("\n")
-    lengths = list(map(len, lines))
     if max(lengths) < 4 * chars:  # most outputs: no line long enough, none looked at
         return
     start = 0

@@ -8,7 +8,6 @@ inside another (`ValueError`, `NullPointerException`) is what is wanted here any
 
 from __future__ import annotations
 
-import bisect
 import functools
 import re
 
@@ -42,24 +41,11 @@ TRACEBACK = "Traceback (most recent call last)"
 MAX_BLOCK_LINES = 200  # a block that long is not a stack trace but an indented listing
 
 
-def line_starts(lines: list[str]) -> list[int]:
-    """The offset in the joined text at which each of `lines` begins."""
-    starts, at = [], 0
-    for line in lines:
-        starts.append(at)
-        at += len(line) + 1
-    return starts
-
-
 @functools.lru_cache(maxsize=8)
 def error_lines(text: str) -> tuple[int, ...]:
     """The indices of the lines of `text` that hold an error or failure, in order. Cached:
     telling an output's kind and compressing it both need them (a str keeps its hash, so
     looking a 100 KB text up again costs nothing)."""
-    return _error_lines(line_starts(text.split("\n")), text)
-
-
-def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
     offsets = error_offsets(text)
     for marker in LINE_STARTS:
         at = text.find(marker)
@@ -68,7 +54,15 @@ def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
             at = text.find(marker, at + 1)
     if text.startswith(LINE_STARTS[0][1:]):
         offsets.append(0)
-    return tuple(sorted({bisect.bisect_right(starts, offset) - 1 for offset in offsets}))
+    # An offset's line is the newlines before it, counted in C from the offset before: the
+    # text is not split into its lines.
+    found: dict[int, None] = {}
+    line = at = 0
+    for offset in sorted(set(offsets)):
+        line += text.count("\n", at, offset)
+        at = offset
+        found[line] = None
+    return tuple(found)
 
 
 def warning_lines(lines: list[str]) -> list[int]:
