@@ -20,6 +20,7 @@ MAX_FINDINGS = 3  # more are not what stands out but a second template
 FINDING_CHARS = 240
 _DIGITS = re.compile(r"\d+")
 _TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_ASCII = bytes(range(128))
 
 
 def finding_indices(lines: list[str]) -> list[int]:
@@ -43,13 +44,15 @@ def finding_indices(lines: list[str]) -> list[int]:
 
 
 def collapse_digits(text: str) -> str:
-    """`text` with each run of digits as one `0`: `re.sub(r"\\d+", "0", text)`, in C when the
-    text is Latin-1 (no digits there but ASCII's): the regex makes a match object a run, most
-    of a 100 KB log's findings."""
-    try:
-        data = text.encode("latin-1")
-    except UnicodeEncodeError:
-        return _DIGITS.sub("0", text)
+    """`text` with each run of digits as one `0`: `re.sub(r"\\d+", "0", text)`, in C (the
+    regex makes a match object a run: most of a 100 KB log's findings)."""
+    data = text.encode(errors="surrogatepass")  # a lone surrogate (JSON allows one) too
+    # In UTF-8 an ASCII digit is its one byte, found in no other character's; a digit of
+    # another script (`\\d` is any Unicode digit) is left to the regex.
+    if not text.isascii():
+        others = data.translate(None, _ASCII).decode(errors="surrogatepass")
+        if _DIGITS.search(others):
+            return _DIGITS.sub("0", text)
     # Every digit a `0`, then each run of `0`s one: the pieces between runs, joined by one.
     pieces = data.translate(_TO_ZERO).split(b"0")
     inner = b"0".join(filter(None, pieces))
@@ -57,7 +60,7 @@ def collapse_digits(text: str) -> str:
         return "0" if len(pieces) > 1 else ""
     first = b"0" if not pieces[0] else b""
     last = b"0" if not pieces[-1] else b""
-    return (first + inner + last).decode("latin-1")
+    return (first + inner + last).decode(errors="surrogatepass")
 
 
 def finding_lines(text: str) -> list[str]:

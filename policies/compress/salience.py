@@ -41,12 +41,29 @@ TRACEBACK = "Traceback (most recent call last)"
 MAX_BLOCK_LINES = 200  # a block that long is not a stack trace but an indented listing
 
 
-@functools.lru_cache(maxsize=8)
 def error_lines(text: str) -> tuple[int, ...]:
-    """The indices of the lines of `text` that hold an error or failure, in order. Cached:
-    telling an output's kind and compressing it both need them (a str keeps its hash, so
-    looking a 100 KB text up again costs nothing)."""
-    offsets = error_offsets(text)
+    """The indices of the lines of `text` that hold an error or failure, in order."""
+    return _scanned(text)[0]
+
+
+def has_warning(text: str) -> bool:
+    return _scanned(text)[1]
+
+
+def warning_lines(text: str, lines: list[str]) -> list[int]:
+    """The indices of the `lines` of `text` that hold a warning."""
+    if not has_warning(text):  # most outputs: one search, no lowercasing a line
+        return []
+    return [i for i, line in enumerate(lines) if WARNING in line.lower()]
+
+
+@functools.lru_cache(maxsize=8)
+def _scanned(text: str) -> tuple[tuple[int, ...], bool]:
+    """`error_lines(text)` and `has_warning(text)`, from one lowercased copy. Cached: telling
+    an output's kind and compressing it both need them (a str keeps its hash, so looking a
+    100 KB text up again costs nothing)."""
+    low = text.lower()
+    offsets = _word_offsets(text, low)
     for marker in LINE_STARTS:
         at = text.find(marker)
         while at >= 0:
@@ -62,17 +79,7 @@ def error_lines(text: str) -> tuple[int, ...]:
         line += text.count("\n", at, offset)
         at = offset
         found[line] = None
-    return tuple(found)
-
-
-def warning_lines(lines: list[str]) -> list[int]:
-    if not has_warning("\n".join(lines)):  # most outputs: one search, no lowercasing a line
-        return []
-    return [i for i, line in enumerate(lines) if WARNING in line.lower()]
-
-
-def has_warning(text: str) -> bool:
-    return WARNING in text.lower()
+    return tuple(found), WARNING in low
 
 
 def block_end(lines: list[str], start: int) -> int:
@@ -101,7 +108,10 @@ def is_salient_text(text: str) -> bool:
 
 def error_offsets(text: str) -> list[int]:
     """The offsets of the error words in `text`."""
-    low = text.lower()
+    return _word_offsets(text, text.lower())
+
+
+def _word_offsets(text: str, low: str) -> list[int]:
     # Lowercasing keeps offsets unless a character lowercases to several (rare: then the
     # slower case-insensitive search, on the text itself).
     if len(low) != len(text):
