@@ -81,7 +81,10 @@ def forget() -> None:
     run is the output's first compression."""
     from policies.compress import formats, salience
 
-    salience.error_lines.cache_clear()
+    if hasattr(salience, "_scanned"):  # error lines and warnings, scanned at once
+        salience._scanned.cache_clear()
+    else:  # checkouts before it
+        salience.error_lines.cache_clear()
     formats._blob_runs.cache_clear()
     formats.search_groups.cache_clear()
     if hasattr(formats, "_sizes"):  # not in checkouts before it

@@ -9,6 +9,7 @@ compressor must not change a byte: plans replay compressions and provider caches
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import html
 import json
@@ -16,14 +17,22 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.compress import Limits, compress, formats, salient_lines
-from policies.compress.findings import FORM_CHARS, MAX_FINDINGS, MIN_REPEATS, finding_indices
+from policies.compress import Limits, compress, formats, salience, salient_lines
+from policies.compress.findings import (
+    FORM_CHARS,
+    MAX_FINDINGS,
+    MIN_REPEATS,
+    collapse_digits,
+    finding_indices,
+)
+from policies.compress.lines import Shrunk, compress_lines
 from tests.conftest import examples
 
 FIXTURE = Path(__file__).parent / "data" / "compress_outputs.json"
@@ -152,3 +161,79 @@ def test_finding_forms_are_those_collapsed_a_line(lines: list[str]) -> None:
     found = [i for i, form in enumerate(forms) if i and form is not None and counts[form] == 1]
     templated = counts and max(counts.values()) >= MIN_REPEATS and len(found) <= MAX_FINDINGS
     assert finding_indices(lines) == (found if templated else [])
+
+
+@given(st.text(alphabet=st.sampled_from("0129a \n\xa0\u2026\u0660\U0001d7ce\udc80")))
+@settings(max_examples=examples(500))
+def test_digits_collapse_as_the_regex_does(text: str) -> None:
+    assert collapse_digits(text) == re.sub(r"\d+", "0", text)
+
+
+ERROR_PIECES = ("error", "ERROR", "Fatal", "\nE   x", "E   y", "--- FAIL", "\u2715 ", "warn", "\n")
+
+
+@given(st.lists(st.sampled_from((*ERROR_PIECES, "a", " ", "\u0130", "\u212a"))).map("".join))
+@settings(max_examples=examples(500))
+def test_error_lines_are_the_lines_of_the_error_offsets(text: str) -> None:
+    """The line of each error word or failure mark, as the lines' offsets and bisect told it."""
+    starts = list(accumulate((len(line) + 1 for line in text.split("\n")), initial=0))
+    offsets = [*salience.error_offsets(text), *(0 for _ in [1] if text.startswith("E  "))]
+    for mark in salience.LINE_STARTS:
+        offsets += [m.start() + (mark[0] == "\n") for m in re.finditer(re.escape(mark), text)]
+    lines = sorted({bisect.bisect_right(starts, offset) - 1 for offset in offsets})
+    assert salience.error_lines(text) == tuple(lines)
+    assert salience.has_warning(text) == ("warn" in text.lower())
+
+
+TAG_PIECES = (
+    "<",
+    ">",
+    "</",
+    "!--",
+    "-->",
+    "script",
+    "SCR\u0130PT",
+    "\u017ftyle",
+    "svg",
+    "br",
+    "/p",
+    "p",
+)
+
+
+def _old_html_text(text: str) -> str:
+    hidden = r"<(script|style|noscript|template|svg)\b.*?</\1\s*>|<!--.*?-->"
+    text = re.sub(hidden, " ", text, flags=re.I | re.S)
+    text = formats.unescape(formats._TAG.sub(" ", formats._BREAK.sub("\n", text)))
+    lines = (" ".join(line.split()) for line in text.split("\n"))
+    return "\n".join(line for line in lines if line)
+
+
+@given(st.lists(st.sampled_from((*TAG_PIECES, " ", "\n", "\t", "x", "&amp;"))).map("".join))
+@settings(max_examples=examples(500))
+def test_html_text_is_that_of_the_plain_regexes_and_a_loop(text: str) -> None:
+    assert formats.html_text(text) == _old_html_text(text)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    files=st.integers(1, 60),
+    matches=st.integers(1, 40),
+    budget=st.sampled_from([60, 240, 1000, 4000]),
+)
+def test_a_search_takes_the_first_form_that_fits(files: int, matches: int, budget: int) -> None:
+    """Trying only the last form when the file names alone are over the budget changes
+    nothing: every form is tried and the first that fits made."""
+    lines = [f"src/pkg{i % files}/a_module.py:{i}:    x = f({i})" for i in range(files * matches)]
+    text = "\n".join(lines)
+    limits = Limits()
+    for share in formats._TRIES:
+        cap = round(limits.items * share)
+        body, left = formats.render(formats.search_groups(text), cap, formats.SEARCH_MORE)
+        if len(body) <= budget:
+            break
+    elided = f"{left} matches" if left else ""
+    if len(body) > budget:
+        shrunk = compress_lines(body, budget, limits)
+        body, elided = shrunk.body, ", ".join(note for note in (elided, shrunk.elided) if note)
+    assert formats.compress_search(text, budget, limits) == Shrunk(body, elided)

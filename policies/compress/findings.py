@@ -19,6 +19,8 @@ MIN_REPEATS = 3  # a form seen this often makes an output templated
 MAX_FINDINGS = 3  # more are not what stands out but a second template
 FINDING_CHARS = 240
 _DIGITS = re.compile(r"\d+")
+_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_ASCII = bytes(range(128))
 
 
 def finding_indices(lines: list[str]) -> list[int]:
@@ -26,17 +28,39 @@ def finding_indices(lines: list[str]) -> list[int]:
     have no template or too many stand out."""
     # Digits collapsed in one pass over all lines (no digit run crosses a newline, and
     # stripping commutes with it): a regex call a line is most of the cost of a 100 KB output.
-    collapsed = _DIGITS.sub("0", "\n".join(lines)).split("\n")
+    collapsed = collapse_digits("\n".join(lines)).split("\n")
     forms = [line[:FORM_CHARS] for line in map(str.strip, collapsed)]
     counts = Counter(forms)  # counted in C; blank lines ("") have no form
     counts.pop("", None)
     if not counts or max(counts.values()) < MIN_REPEATS:
         return []
-    once = {form for form, count in counts.items() if count == 1}
-    found = [i for i, form in enumerate(forms) if form in once]
+    once = [form for form, count in counts.items() if count == 1]
+    if len(once) > MAX_FINDINGS + 1:  # too many even if one is the header: none looked up
+        return []
+    found = sorted(map(forms.index, once))  # each seen once: its one line
     # The first line is the output's header (a title, the command echoed), not a finding.
     found = found[1:] if found and found[0] == 0 else found
     return found if len(found) <= MAX_FINDINGS else []
+
+
+def collapse_digits(text: str) -> str:
+    """`text` with each run of digits as one `0`: `re.sub(r"\\d+", "0", text)`, in C (the
+    regex makes a match object a run: most of a 100 KB log's findings)."""
+    data = text.encode(errors="surrogatepass")  # a lone surrogate (JSON allows one) too
+    # In UTF-8 an ASCII digit is its one byte, found in no other character's; a digit of
+    # another script (`\\d` is any Unicode digit) is left to the regex.
+    if not text.isascii():
+        others = data.translate(None, _ASCII).decode(errors="surrogatepass")
+        if _DIGITS.search(others):
+            return _DIGITS.sub("0", text)
+    # Every digit a `0`, then each run of `0`s one: the pieces between runs, joined by one.
+    pieces = data.translate(_TO_ZERO).split(b"0")
+    inner = b"0".join(filter(None, pieces))
+    if not inner:
+        return "0" if len(pieces) > 1 else ""
+    first = b"0" if not pieces[0] else b""
+    last = b"0" if not pieces[-1] else b""
+    return (first + inner + last).decode(errors="surrogatepass")
 
 
 def finding_lines(text: str) -> list[str]:

@@ -28,7 +28,10 @@ SEARCH_SAMPLE = 200  # lines looked at to tell a search result
 DIFF = re.compile(r"^(?:diff --git |--- \S|\+\+\+ \S)", re.MULTILINE)
 HUNK = re.compile(r"^@@ -\d", re.MULTILINE)
 HTML = re.compile(r"\s*(?:<!doctype html|<html|<head|<body)", re.IGNORECASE)
-_HIDDEN = re.compile(r"<(script|style|noscript|template|svg)\b.*?</\1\s*>|<!--.*?-->", re.I | re.S)
+# The lookahead, the first letters of the alternatives, turns most tags away at one test.
+_HIDDEN = re.compile(
+    r"<(?=[!nst])(?:(script|style|noscript|template|svg)\b.*?</\1\s*>|!--.*?-->)", re.I | re.S
+)
 _BREAK = re.compile(
     r"<(?:br|/p|/div|/li|/tr|/h[1-6]|/title|/section|/article|/header|/footer|/table|/ul|/ol|"
     r"/pre|/blockquote|/dt|/dd)\b[^>]*>",
@@ -78,59 +81,67 @@ def is_html(text: str) -> bool:
     return HTML.match(text) is not None
 
 
-Entry = tuple[str, bool]  # a line to keep and whether it is salient (kept past any cap)
-Groups = list[tuple[str | None, list[Entry]]]  # lines kept as they are, each with its group
+# A group's head (None: the lines that belong to no file or hunk), its lines, kept as they
+# are, and the indices among them of the salient ones (kept past any cap).
+Group = tuple[str | None, list[str], list[int]]
 
 
 @functools.lru_cache(maxsize=4)
-def search_groups(text: str) -> Groups:
+def search_groups(text: str) -> list[Group]:
     """A search's matches by file, each as `  line:text` (the path said once, before them);
     the lines that are no match, last. Cached: the lossless form and a lossy one are both
     made from them."""
     salient = set(error_lines(text))
-    files: dict[str, list[Entry]] = {}
-    other: list[Entry] = []
+    files: dict[str, Group] = {}
+    other: Group = (None, [], [])
     paths: dict[str, bool] = {}  # whether each is a path: a search names each file many times
     line_number = _LINE_NUMBER.match
     for index, line in enumerate(text.split("\n")):
         path, colon, rest = line.partition(":")  # `_match`, inlined: a call a line is slow
+        group = other
         if colon:
             is_path = paths.get(path)
             if is_path is None:
                 is_path = paths[path] = _is_path(path)
             if is_path and line_number(rest):
-                files.setdefault(path, []).append((f"  {rest}", index in salient))
-                continue
-        if line and line != "--":
-            other.append((line, index in salient))
-    return [*((path, matches) for path, matches in files.items()), (None, other)]
+                found = files.get(path)
+                group = files[path] = (path, [], []) if found is None else found
+                line = f"  {rest}"
+        if group is other and line in ("", "--"):
+            continue
+        if index in salient:
+            group[2].append(len(group[1]))
+        group[1].append(line)
+    return [*files.values(), other]
 
 
-def diff_groups(text: str) -> tuple[Groups, int]:
+def diff_groups(text: str) -> tuple[list[Group], int]:
     """A diff's file and hunk headers, each with the changed lines after it; and how many
     context lines it had."""
     salient = set(error_lines(text))
-    groups: Groups = [(None, [])]
+    groups: list[Group] = [(None, [], [])]
     context = 0
     for index, line in enumerate(text.split("\n")):
         if line.startswith(("+", "-")) and not line.startswith(("+++ ", "--- ")):
-            groups[-1][1].append((line, index in salient))
+            if index in salient:
+                groups[-1][2].append(len(groups[-1][1]))
+            groups[-1][1].append(line)
         elif line.startswith(_DIFF_KEPT):
-            groups.append((line, []))
+            groups.append((line, [], []))
         elif not line.startswith("index "):
             context += 1
     return groups, context
 
 
-def render(groups: Groups, cap: int | None, what: str) -> tuple[str, int]:
+def render(groups: list[Group], cap: int | None, what: str) -> tuple[str, int]:
     """Each group's head and at most `cap` of its lines besides the salient ones; and how many
     lines were left out."""
     out: list[str] = []
     left = 0
-    for head, entries in groups:
+    for head, lines, salient in groups:
         if head is not None:
             out.append(head)
-        kept, more = _capped(entries, cap, what)
+        kept, more = _capped(lines, salient, cap, what)
         out += kept
         left += more
     return "\n".join(out), left
@@ -151,37 +162,42 @@ def compress_diff(text: str, budget: int, limits: Limits) -> Shrunk:
 def search_size(text: str, cap: int | None) -> int:
     """The length of `render(search_groups(text), cap, SEARCH_MORE)[0]`, counted without
     making it: each try of a lossy form is sized, and only the one that fits is made."""
+    lossless, _, sizes = _sizes(text)
+    if cap is None:
+        return lossless
     size = 0
-    for head, ends, salient in _sizes(text):
+    for head, ends, lines, salient in sizes:
         size += head
-        if cap is None or len(ends) <= cap:
-            size += ends[-1] if ends else 0
+        if len(lines) <= cap:
+            size += ends[-1] + len(lines) if lines else 0
             continue
-        late = [length for index, length in salient if index >= cap] if salient else []
-        size += (ends[cap - 1] if cap else 0) + sum(late)
-        left = len(ends) - cap - len(late)
+        late = [len(lines[i]) + 1 for i in salient if i >= cap]
+        size += (ends[cap - 1] + cap if cap else 0) + sum(late)
+        left = len(lines) - cap - len(late)
         if left:
             size += len(_more(left, SEARCH_MORE)) + 1
     return max(0, size - 1)  # no newline after the last line
 
 
 @functools.lru_cache(maxsize=4)
-def _sizes(text: str) -> list[tuple[int, list[int], list[tuple[int, int]]]]:
-    """Of each group of a search: its head's length with its newline, the running length of
-    its lines (with theirs) and the index and length of each salient one."""
-    return [
-        (
-            0 if head is None else len(head) + 1,
-            list(accumulate(len(line) + 1 for line, _ in entries)),
-            [(i, len(line) + 1) for i, (line, salient) in enumerate(entries) if salient],
-        )
-        for head, entries in search_groups(text)
+def _sizes(text: str) -> tuple[int, int, list[tuple[int, list[int], list[str], list[int]]]]:
+    """The length of a search's lossless form, and of its heads alone (what any form is at
+    least); and of each of its groups: its head's length with its newline, the running length
+    of its lines (without theirs), its lines and its salient ones."""
+    sizes = [
+        (0 if head is None else len(head) + 1, list(accumulate(map(len, lines))), lines, salient)
+        for head, lines, salient in search_groups(text)
     ]
+    lossless = sum(head + (ends[-1] + len(ends) if ends else 0) for head, ends, _, _ in sizes)
+    heads = sum(head for head, _, _, _ in sizes)
+    return max(0, lossless - 1), max(0, heads - 1), sizes
 
 
 def compress_search(text: str, budget: int, limits: Limits) -> Shrunk:
     groups = search_groups(text)
-    for share in _TRIES:
+    # Every form names each file: when the names alone are over the budget no try fits, and
+    # the last (the fewest matches) is made without sizing the others.
+    for share in _TRIES if _sizes(text)[1] <= budget else _TRIES[-1:]:
         cap = round(limits.items * share)
         if search_size(text, cap) <= budget:
             break
@@ -199,19 +215,21 @@ def html_text(text: str) -> str:
     text = _HIDDEN.sub(" ", text)
     text = _BREAK.sub("\n", text)
     text = unescape(_TAG.sub(" ", text))
-    lines = (" ".join(line.split()) for line in text.split("\n"))
-    return "\n".join(line for line in lines if line)
+    # Each line's whitespace collapsed, the blank lines left out, in C (`map`, `filter`).
+    return "\n".join(filter(None, map(" ".join, map(str.split, text.split("\n")))))
 
 
 def unescape(text: str) -> str:
     """`html.unescape(text)`; by `str.replace` when every `&` begins one of the common
     entities (html.unescape calls back into Python for each one)."""
-    if text.count("&") != sum(text.count(entity) for entity in _ENTITIES):
+    counts = [text.count(entity) for entity in _ENTITIES]
+    if text.count("&") != sum(counts):
         return html.unescape(text)
     # Each entity is one charref of html.unescape (none holds a second `&`), and `&` comes
-    # back last, so that no replacement makes another entity.
-    for entity, char in _ENTITIES.items():
-        text = text.replace(entity, char)
+    # back last, so that no replacement makes another entity; those absent are not looked for.
+    for (entity, char), present in zip(_ENTITIES.items(), counts, strict=True):
+        if present:
+            text = text.replace(entity, char)
     return text
 
 
@@ -229,9 +247,13 @@ def _blob_runs(text: str, chars: int) -> tuple[tuple[int, int, str], ...]:
 def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
     """Looked for only in the long whitespace-free tokens (split in C): a regex over the
     whole text tries again at every position of every word, ten times slower."""
+    lines = text.split("\n")
+    lengths = list(map(len, lines))
+    if max(lengths) < chars:  # most outputs: no line, so no token, that long; none looked at
+        return
     at = 0
     tokens = text.split()
-    # Most outputs have no token that long: their lengths are measured in C, none looked at.
+    # Few outputs have a token that long: their lengths are measured in C, none looked at.
     for token in tokens if tokens and max(map(len, tokens)) >= chars else ():
         if len(token) < chars:
             continue
@@ -246,8 +268,6 @@ def _runs(text: str, chars: int) -> Iterator[tuple[int, int, str]]:
             elif _mixed(found.group()):
                 yield start, end, "base64"
         at += len(token)
-    lines = text.split("\n")
-    lengths = list(map(len, lines))
     if max(lengths) < 4 * chars:  # most outputs: no line long enough, none looked at
         return
     start = 0
@@ -286,13 +306,15 @@ def _dense(line: str) -> bool:
     return line.count(" ") + line.count("\t") < 0.03 * len(line)
 
 
-def _capped(entries: list[Entry], cap: int | None, what: str) -> tuple[list[str], int]:
-    """The first `cap` entries and the salient ones, a note for the rest; and how many that
+def _capped(
+    lines: list[str], salient: list[int], cap: int | None, what: str
+) -> tuple[list[str], int]:
+    """The first `cap` lines and the salient ones, a note for the rest; and how many that
     is."""
-    if cap is None or len(entries) <= cap:
-        return [line for line, _ in entries], 0
-    kept = [line for i, (line, salient) in enumerate(entries) if i < cap or salient]
-    left = len(entries) - len(kept)
+    if cap is None or len(lines) <= cap:
+        return lines, 0
+    kept = lines[:cap] + [lines[i] for i in salient if i >= cap]
+    left = len(lines) - len(kept)
     return ([*kept, _more(left, what)] if left else kept), left
 
 

@@ -111,7 +111,7 @@ def compress_lines(text: str, budget: int, limits: Limits) -> Shrunk:
         salient.update(range(line, end))
         blocks.append((line, end))
     salient.update(finding_indices(lines))  # what the output found: kept like its errors
-    warnings = [w for w in warning_lines(lines) if w not in salient]
+    warnings = [w for w in warning_lines(text, lines) if w not in salient]
     # Warnings count by their distinct runs: a repeated warning is one.
     kept_warnings = list(dict.fromkeys(runs.of_line[w] for w in warnings))[: limits.warning_lines]
     keep = {runs.of_line[i]: runs.texts[runs.of_line[i]] for i in salient}

@@ -8,7 +8,6 @@ inside another (`ValueError`, `NullPointerException`) is what is wanted here any
 
 from __future__ import annotations
 
-import bisect
 import functools
 import re
 
@@ -42,25 +41,29 @@ TRACEBACK = "Traceback (most recent call last)"
 MAX_BLOCK_LINES = 200  # a block that long is not a stack trace but an indented listing
 
 
-def line_starts(lines: list[str]) -> list[int]:
-    """The offset in the joined text at which each of `lines` begins."""
-    starts, at = [], 0
-    for line in lines:
-        starts.append(at)
-        at += len(line) + 1
-    return starts
+def error_lines(text: str) -> tuple[int, ...]:
+    """The indices of the lines of `text` that hold an error or failure, in order."""
+    return _scanned(text)[0]
+
+
+def has_warning(text: str) -> bool:
+    return _scanned(text)[1]
+
+
+def warning_lines(text: str, lines: list[str]) -> list[int]:
+    """The indices of the `lines` of `text` that hold a warning."""
+    if not has_warning(text):  # most outputs: one search, no lowercasing a line
+        return []
+    return [i for i, line in enumerate(lines) if WARNING in line.lower()]
 
 
 @functools.lru_cache(maxsize=8)
-def error_lines(text: str) -> tuple[int, ...]:
-    """The indices of the lines of `text` that hold an error or failure, in order. Cached:
-    telling an output's kind and compressing it both need them (a str keeps its hash, so
-    looking a 100 KB text up again costs nothing)."""
-    return _error_lines(line_starts(text.split("\n")), text)
-
-
-def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
-    offsets = error_offsets(text)
+def _scanned(text: str) -> tuple[tuple[int, ...], bool]:
+    """`error_lines(text)` and `has_warning(text)`, from one lowercased copy. Cached: telling
+    an output's kind and compressing it both need them (a str keeps its hash, so looking a
+    100 KB text up again costs nothing)."""
+    low = text.lower()
+    offsets = _word_offsets(text, low)
     for marker in LINE_STARTS:
         at = text.find(marker)
         while at >= 0:
@@ -68,17 +71,15 @@ def _error_lines(starts: list[int], text: str) -> tuple[int, ...]:
             at = text.find(marker, at + 1)
     if text.startswith(LINE_STARTS[0][1:]):
         offsets.append(0)
-    return tuple(sorted({bisect.bisect_right(starts, offset) - 1 for offset in offsets}))
-
-
-def warning_lines(lines: list[str]) -> list[int]:
-    if not has_warning("\n".join(lines)):  # most outputs: one search, no lowercasing a line
-        return []
-    return [i for i, line in enumerate(lines) if WARNING in line.lower()]
-
-
-def has_warning(text: str) -> bool:
-    return WARNING in text.lower()
+    # An offset's line is the newlines before it, counted in C from the offset before: the
+    # text is not split into its lines.
+    found: dict[int, None] = {}
+    line = at = 0
+    for offset in sorted(set(offsets)):
+        line += text.count("\n", at, offset)
+        at = offset
+        found[line] = None
+    return tuple(found), WARNING in low
 
 
 def block_end(lines: list[str], start: int) -> int:
@@ -107,7 +108,10 @@ def is_salient_text(text: str) -> bool:
 
 def error_offsets(text: str) -> list[int]:
     """The offsets of the error words in `text`."""
-    low = text.lower()
+    return _word_offsets(text, text.lower())
+
+
+def _word_offsets(text: str, low: str) -> list[int]:
     # Lowercasing keeps offsets unless a character lowercases to several (rare: then the
     # slower case-insensitive search, on the text itself).
     if len(low) != len(text):
