@@ -152,8 +152,11 @@ def harness(*, replicas: int = 1, redis_url: str = REDIS_URL, **sections: Any) -
     prefix = f"cptest:{os.urandom(6).hex()}"
     summaries = Summaries()
     client = inspector(redis_url)
+    # A store timeout of seconds, not the default half second: the servers and their clients
+    # share a loaded machine's cores with the rest of the suite, and an event loop that lags
+    # past the timeout would fail a call to a healthy store (a dead one still fails at once).
     defaults = {
-        "store": {"url": redis_url, "key_prefix": prefix},
+        "store": {"url": redis_url, "key_prefix": prefix, "timeout_seconds": 3},
         "models": [{"match": MODEL, "context_window": WINDOW}],
         "admin": {"token": ADMIN_TOKEN},
     }
