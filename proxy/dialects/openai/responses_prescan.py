@@ -26,7 +26,8 @@ _ITEMS = b'"compaction'
 _TRIGGER = b'"' + COMPACTION_TRIGGER.encode() + b'"'  # begins with _ITEMS: found only after it
 _ESCAPE = re.compile(rb"\\u00[2-7][0-9A-Fa-f]")  # 6 bytes
 # A marker (_ITEMS or an escape) that ends after a clean prefix begins at most this many bytes
-# before the prefix's end.
+# before the prefix's end. (A prefix ends with an item's `}`, which no marker holds: a margin
+# that keeps the scan right should it end elsewhere.)
 _OVERLAP = len(_ITEMS) - 1
 
 
