@@ -14,6 +14,7 @@ import secrets
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -554,6 +555,30 @@ async def test_unreachable_redis(caplog: pytest.LogCaptureFixture) -> None:
         await store.close()
     assert "unavailable" in caplog.text
     assert SECRET not in caplog.text
+
+
+async def test_a_read_sends_its_command_without_a_task_of_its_own(store: SessionStore) -> None:
+    """On a replayed turn the store's read is the only call before the request is forwarded:
+    redis-py with a socket timeout sends through `asyncio.wait_for`, on Python 3.11 a task
+    and a turn of the event loop more per command (the store times its calls itself)."""
+    key = new_key()
+    await store.get(key)  # connected, a cluster's slots read
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    factory = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+        made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **options)
+
+    loop.set_task_factory(counting)
+    try:
+        assert await store.get(key) is None
+        assert await store.compare_and_set(key, 0, b"plan") == 1
+    finally:
+        loop.set_task_factory(factory)
+    # (The cluster client runs each command as a task of its own: its choice, not a timeout's.)
+    assert [name for name in made if "send" in name] == []
 
 
 @contextlib.asynccontextmanager

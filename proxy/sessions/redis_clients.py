@@ -47,7 +47,10 @@ class Connected:
 def connect(url: StoreURL, *, timeout_seconds: float, max_connections: int) -> Connected:
     """The client for `url` (a Redis kind); connections are made on first use."""
     options: dict[str, Any] = {
-        "socket_timeout": timeout_seconds,
+        # No socket timeout: the store times every call itself (`RedisStore._run`), and with
+        # one, redis-py sends each command through `asyncio.wait_for`, which on Python 3.11
+        # is a task of its own and a turn of the event loop before the command leaves.
+        "socket_timeout": None,
         "socket_connect_timeout": timeout_seconds,
         "username": url.username,
         "password": url.password,
