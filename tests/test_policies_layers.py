@@ -82,6 +82,17 @@ async def echo(request: SummaryRequest) -> str:
     return COUNTER.head(f"Summary: {text}", request.max_tokens)
 
 
+def recorded() -> tuple[list[SummaryRequest], Callable[[SummaryRequest], Awaitable[str]]]:
+    """`echo`, and the requests it was given."""
+    seen: list[SummaryRequest] = []
+
+    async def recording(request: SummaryRequest) -> str:
+        seen.append(request)
+        return await echo(request)
+
+    return seen, recording
+
+
 async def failing(request: SummaryRequest) -> str:
     raise TimeoutError("the summarizer took too long")
 
@@ -499,12 +510,7 @@ async def test_the_summary_of_agent_rounds_is_made_from_the_original_outputs() -
     messages = agent_loop(8, 300)
     ctx = context(messages, 2048, summarizer=echo)
     cleared, _ = await run("clear_tool_results", messages, Plan(), ctx)
-    seen: list[SummaryRequest] = []
-
-    async def recording(request: SummaryRequest) -> str:
-        seen.append(request)
-        return await echo(request)
-
+    seen, recording = recorded()
     ctx = context(messages, 2048, summarizer=recording)
     plan, _ = await run("summarize", messages, cleared, ctx)
     (request,) = seen
@@ -520,12 +526,7 @@ async def test_a_new_task_takes_the_kept_one_s_place_and_the_old_one_is_summaris
     later = [*messages, {"role": "assistant", "content": "Done."}]
     later += [{"role": "user", "content": "Now the other test."}]
     later += agent_loop(6, 300)[2:]
-    seen: list[SummaryRequest] = []
-
-    async def recording(request: SummaryRequest) -> str:
-        seen.append(request)
-        return await echo(request)
-
+    seen, recording = recorded()
     ctx = context(later, 2048, summarizer=recording)
     new, _ = await run("summarize", later, plan, ctx)
     assert new.task == ctx.task and new.cut > ctx.task
