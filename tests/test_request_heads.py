@@ -1,7 +1,8 @@
 """What the server takes of a client's request before any route sees it: a head within
 `listen.max_head_bytes` and `listen.max_header_fields` (past either, a 431 in the API's error
-shape, and nothing forwarded), an answer of unknown length to an HTTP/1.0 client delimited by
-the connection's end, and no `Expect` forwarded."""
+shape, and nothing forwarded), a body read on as it comes up to `listen.max_body_bytes`, an
+answer of unknown length to an HTTP/1.0 client delimited by the connection's end, and no
+`Expect` forwarded."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
 
+from proxy.config import Listen
+from proxy.server.protocol import protocol_for
 from tests.conftest import ConfigFactory
 from tests.fakes.openai import FakeUpstream
 from tests.fakes.scripted import Request, ScriptedUpstream, chunk, event, stream_head
@@ -128,6 +133,37 @@ def test_a_huge_head_takes_no_memory(tmp_path: Path, upstream: FakeUpstream) -> 
         assert status == 431
         assert proxy.peak_memory() - before < 8 * MiB
     assert upstream.requests == []
+
+
+@pytest.mark.parametrize("bound", [4 * MiB, 256 * 1024])
+def test_a_body_is_read_on_while_the_app_is_busy_up_to_the_bound(bound: int) -> None:
+    """uvicorn stops reading a body at 64 KiB until the app takes it; the proxy's server reads
+    on up to `listen.max_body_bytes`, so that a body sent while the app is busy is all there
+    when it asks (and past the bound, reading stops again)."""
+    firsts: list[int] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(0.3)  # busy: the client sends meanwhile
+        message = await receive()
+        firsts.append(len(message["body"]))
+        while message.get("more_body"):
+            message = await receive()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    protocol = protocol_for(Listen(max_body_bytes=bound))
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", http=protocol)  # type: ignore[arg-type]
+    body = b"x" * MiB
+    head = b"POST / HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n"
+    with ServerThread(app, config) as server:
+        answer = exchange(server.port, head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert split(answer)[0] == 204
+    if bound > len(body):
+        assert firsts == [len(body)]
+    else:
+        assert bound <= firsts[0] < len(body)
 
 
 async def streaming(request: Request, writer: asyncio.StreamWriter) -> bool:

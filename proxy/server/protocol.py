@@ -8,6 +8,10 @@ ended within the bound, or has too many fields, gets a 431 in the error shape of
 API (Anthropic's on /v1/messages, else OpenAI's), before authentication and before it is
 forwarded anywhere.
 
+A body is read as it comes, up to its bound (`listen.max_body_bytes`): uvicorn stops reading
+at 64 KiB until the app has taken what came, and the proxy reads every body whole, so each stop
+only cost a turn of the event loop and a copy of the body so far (0.2 ms of a 400 KB history).
+
 An HTTP/1.0 client knows no chunked encoding: an answer of unknown length (a stream) goes to
 it delimited by the end of the connection, where uvicorn would chunk it.
 
@@ -50,7 +54,11 @@ JOINED = 64 * 1024
 
 def protocol_for(listen: Listen) -> type[HttpToolsProtocol]:
     """The protocol class for uvicorn's `http` setting, with `listen`'s bounds."""
-    bounds = {"max_head_bytes": listen.max_head_bytes, "max_fields": listen.max_header_fields}
+    bounds = {
+        "max_head_bytes": listen.max_head_bytes,
+        "max_fields": listen.max_header_fields,
+        "max_body_bytes": listen.max_body_bytes,
+    }
     return type("ClientProtocol", (ClientProtocol,), bounds)
 
 
@@ -59,6 +67,7 @@ class ClientProtocol(HttpToolsProtocol):
 
     max_head_bytes: ClassVar[int] = Listen.max_head_bytes
     max_fields: ClassVar[int] = Listen.max_header_fields
+    max_body_bytes: ClassVar[int] = Listen.max_body_bytes
 
     def __init__(
         self,
@@ -116,6 +125,11 @@ class ClientProtocol(HttpToolsProtocol):
             one_oh = self.scope["http_version"] == "1.0"
             cycle.__class__ = CloseDelimited if one_oh else Cycle
             cycle.transport = HeldHead(cycle.transport, self.loop)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self.flow.read_paused and len(self.cycle.body) <= self.max_body_bytes:
+            self.flow.resume_reading()  # uvicorn's stop at 64 KiB: read on, up to the bound
 
     def on_message_complete(self) -> None:
         self._in_head = True
