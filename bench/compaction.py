@@ -247,7 +247,7 @@ async def bench_request(runs: int, dialect: Dialect) -> list[str]:
     if replay.parsed.keys is None:
         steps.append(("content keys (one dumps+hash each)", lambda: content_keys(canonical)))
     steps += [
-        ("chain (memoised digests)", lambda: compactor.digests(canonical, keys)),
+        ("chain (memoised digests)", lambda: compactor.histories.digests(canonical, keys)),
         ("counts (cached)", lambda: counter.counts(canonical, keys)),
         ("store get + parse", get),
         ("render the replayed view", lambda: dialect.render(replay.parsed, entries)),

@@ -189,7 +189,7 @@ upstreams:
     messages = [_tagged(base[i % len(base)], i) for i in range(size)]
     keys = content_keys(messages)
     counter.counts(messages, keys)
-    proxy.compactor.digests(messages, keys)
+    proxy.compactor.histories.digests(messages, keys)
     # Chat's memo of the messages it read, by their bytes, at its bound.
     chat = next(handler.dialect for handler in proxy.handlers if isinstance(handler.dialect, Chat))
     bound, fed = chat.known.memo.max_bytes or 0, 0

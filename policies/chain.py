@@ -65,22 +65,38 @@ class Chain:
     `outside` is where the messages outside the chain stand, as `outside_positions` says.
     """
 
-    def __init__(self, digests: list[bytes], outside: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        digests: list[bytes],
+        outside: dict[int, int] | None = None,
+        prefixes: dict[int, str] | None = None,
+    ) -> None:
         self.digests = digests
         self.outside: dict[int, int] = {} if outside is None else outside
+        # `prefix(n)` once worked out: every turn checks its branches' prefixes.
+        self._prefixes: dict[int, str] = {} if prefixes is None else prefixes
 
     @classmethod
     def of(cls, messages: Sequence[Mapping[str, Any]], digests: Digests = chain_digests) -> Chain:
         """The chain of the non-system `messages`; `digests` gives each message's
         `chain_digest` (the proxy passes one that memoises them)."""
-        found = list(digests(messages))
-        outside: dict[int, int] = {}
+        return cls([]).followed_by(digests(messages))
+
+    def followed_by(self, digests: Sequence[bytes]) -> Chain:
+        """The chain of this chain's messages followed by messages of these `chain_digest`s:
+        a conversation that grew (this one is left as it is)."""
+        found = list(digests)
+        start = len(self.digests) + len(self.outside)  # the messages so far
+        outside = dict(self.outside)
         # A step per message outside the chain, not per message: a list's own search.
         at = -1
         for _ in range(found.count(OUTSIDE)):
             at = found.index(OUTSIDE, at + 1)
-            outside[at] = at - len(outside)
-        return cls(list(filter(None, found)) if outside else found, outside)
+            outside[start + at] = start + at - len(outside)
+        if len(outside) > len(self.outside):
+            found = list(filter(None, found))
+        # The prefixes of this chain are those of the longer one.
+        return Chain(self.digests + found, outside, dict(self._prefixes))
 
     def __len__(self) -> int:
         return len(self.digests)
@@ -89,8 +105,12 @@ class Chain:
         """The hash of the first n messages ("" for none, or for more than there are)."""
         if n <= 0 or n > len(self.digests):
             return ""
-        joined = b"".join(self.digests[:n])
-        return hashlib.blake2b(joined, digest_size=2 * DIGEST_SIZE).hexdigest()
+        found = self._prefixes.get(n)
+        if found is None:
+            joined = b"".join(self.digests[:n])
+            found = hashlib.blake2b(joined, digest_size=2 * DIGEST_SIZE).hexdigest()
+            self._prefixes[n] = found
+        return found
 
 
 def _text(value: object) -> str:

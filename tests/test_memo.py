@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Chain
+from policies.chain import chain_digests
 from proxy.dialects.openai.chat import Chat
-from proxy.memo import Memo, MessageDigests, content_keys
+from proxy.memo import Memo, MessageDigests, SessionHistories, content_keys
+from proxy.models.tokens import counter_for
 from tests.conftest import examples
 
 
@@ -123,3 +125,69 @@ def test_a_message_changed_in_place_is_looked_at_again_not_served_from_the_chain
             fresh = Chain.of(parsed.messages)
             assert (memoised.digests, memoised.outside) == (fresh.digests, fresh.outside)
             assert (2 in memoised.outside) == outside
+
+
+# Messages of each kind the chain treats apart: in it, a system message and a client's context
+# outside it (`Chain.outside`), the same text in several roles.
+_SAID = ["Fix the parser.", "<environment_context>cwd=/w</environment_context>", "Done.", "ok"]
+message_kinds = st.builds(
+    lambda role, text, n: {"role": role, "content": f"{text} {n}" if n else text},
+    st.sampled_from(["user", "assistant", "system"]),
+    st.sampled_from(_SAID),
+    st.integers(0, 3),
+)
+
+
+def same_chain(chain: Chain, expected: Chain) -> None:
+    assert (chain.digests, chain.outside) == (expected.digests, expected.outside)
+    for n in range(-1, len(expected) + 2):
+        assert chain.prefix(n) == expected.prefix(n)
+
+
+@given(st.lists(message_kinds, max_size=12), st.lists(message_kinds, max_size=12), st.data())
+def test_a_chain_followed_by_more_messages_is_the_chain_of_them_all(
+    first: list[dict[str, str]], then: list[dict[str, str]], data: st.DataObject
+) -> None:
+    chain = Chain.of(first)
+    for n in data.draw(st.lists(st.integers(0, len(first)), max_size=3)):
+        chain.prefix(n)  # worked out before: the longer chain takes it over
+    same_chain(chain.followed_by(chain_digests(then)), Chain.of(first + then))
+    same_chain(chain, Chain.of(first))  # left as it was
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),  # the session
+            st.sampled_from(["grow", "same", "rewind", "edit", "new"]),
+            st.lists(message_kinds, min_size=1, max_size=6),
+            st.integers(0, 1),  # which of two counters
+        ),
+        max_size=25,
+    )
+)
+@settings(deadline=None)  # the first example loads the exact counter's encoding
+def test_each_turn_of_session_histories_is_its_own_counts_and_chain(
+    turns: list[tuple[str, str, list[dict[str, str]], int]],
+) -> None:
+    """Whatever a session sends next (its history grown, the same, cut short, changed in the
+    middle, or another), and whichever counter counts it, `SessionHistories.read` gives the
+    counts and the chain of that history alone, for more sessions than it holds."""
+    histories = SessionHistories(MessageDigests(), size=2)
+    counters = (counter_for("gpt-4o"), counter_for("claude-sonnet-4-5"))  # exact, estimate
+    assert counters[0].mode == "exact" and counters[1].mode == "estimate"
+    sent: dict[str, list[dict[str, str]]] = {}
+    for session, change, messages, which in turns:
+        last = sent.get(session, [])
+        history = {
+            "grow": last + messages,
+            "same": last,
+            "rewind": last[: len(last) // 2],
+            "edit": [*last[:-2], messages[0], *last[-1:]] if len(last) > 2 else messages,
+            "new": messages,
+        }[change]
+        sent[session] = history
+        counter = counters[which]
+        counts, chain = histories.read(session, history, content_keys(history), counter)
+        assert counts == [counter.message(message) for message in history]
+        same_chain(chain, Chain.of(history))

@@ -10,7 +10,6 @@ alone (fail open).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 
@@ -24,7 +23,7 @@ from proxy.compaction.summarizer import lock_seconds
 from proxy.compaction.turn import ClientRequest, Turn
 from proxy.dialects import Entries, Usage
 from proxy.errors import ContextLengthExceeded, SummaryPending
-from proxy.memo import MessageDigests, content_keys
+from proxy.memo import MessageDigests, SessionHistories, content_keys
 from proxy.models.calibration import Calibration
 from proxy.models.limits import ModelLimits
 from proxy.sessions.sessions import Lock, Sessions
@@ -50,7 +49,7 @@ class Compactor:
         self.limits = limits
         self.prepared = prepared
         self.calibration = calibration
-        self.digests = digests or MessageDigests()
+        self.histories = SessionHistories(digests or MessageDigests())
         self.max_branches = max_branches
         self.exact_counts = exact_counts  # None: decisions by the estimate alone
         self.kept = kept  # None: no originals kept, no retrieval tool
@@ -156,8 +155,7 @@ class Compactor:
         budget = request.budget(limits, ratio)
         messages = request.messages
         keys = request.parsed.keys or content_keys(messages)
-        counts = limits.counter.counts(messages, keys)
-        chain = policies.Chain.of(messages, functools.partial(self.digests, keys=keys))
+        counts, chain = self.histories.read(request.key, messages, keys, limits.counter)
         fixed = request.dialect.fixed_tokens(request.parsed, limits.counter)
         branch = loaded.state.branch(chain)
         kept = None if self.kept is None else await self.kept.load(request)

@@ -203,7 +203,7 @@ class KnownItems:
         derived = None if self.derive is None else self.derived.each(items, self.derive, spans)
         raw = ItemBytes(b"", _NO_OFFSETS, spans)
         if known is not None:
-            items, keys = known.items + items, known.keys.tolist() + keys
+            items, keys = known.items + items, known.keys + keys
             if derived is not None:
                 derived = known.derived + derived
             raw = ItemBytes(known.prefix, known.offsets, spans)
@@ -230,7 +230,7 @@ class _Known(NamedTuple):
     prefix: bytes
     before: dict[str, Any]
     offsets: array[int]
-    keys: array[int]
+    keys: list[int]  # the same objects turn after turn: a compare of them is one of pointers
     items: list[Any]
     derived: list[Any]  # empty without `KnownItems.derive`
     folded: Any  # None without `KnownItems.fold`
@@ -268,9 +268,10 @@ def _known(
     per_item = _PER_ITEM + (_MADE_PER_ITEM if made else 0)
     per_quote = _PER_QUOTE + (_MADE_PER_QUOTE if made else 0)
     size = _PER_BODY + 2 * len(prefix) + per_quote * quotes + per_item * len(split.items)
-    keys = array("q", split.keys)
     folded = split.folded
-    return _Known(prefix, before, offsets, keys, split.items, derived, folded, quotes, marks, size)
+    return _Known(
+        prefix, before, offsets, split.keys, split.items, derived, folded, quotes, marks, size
+    )
 
 
 def _strings(data: bytes) -> int:
