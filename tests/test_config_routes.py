@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import DIALECTS, DIALECTS_BY_KIND, Kind, NoRoute, loads
+from proxy.dialects.anthropic.messages import Messages
+from proxy.dialects.openai.chat import Chat
+from proxy.errors import InvalidRequest
+from proxy.server import handler
 
 ROUTED = """
 upstreams:
@@ -40,6 +44,26 @@ routes:
 def test_routes(model: str, header: str | None, policy: str, upstream: str) -> None:
     chosen_policy, chosen_upstream = loads(ROUTED).route("chat", model, header)
     assert (chosen_policy.name, chosen_upstream.name) == (policy, upstream)
+
+
+def test_a_handler_remembers_routes_for_a_bounded_number_of_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler's routes are `Config.route`'s, asked again or not, for a bounded number of
+    (model, policy header) pairs; one that has none is refused each time."""
+    monkeypatch.setattr(handler, "MAX_ROUTES", 4)
+    config = loads(ROUTED.replace("default_upstream: main", "default_upstream: {chat: main}"))
+    chat, messages = (
+        handler.Handler(dialect, config, None, frozenset(), None, None, None, None)  # type: ignore[arg-type]
+        for dialect in (Chat(), Messages())
+    )
+    asked = [(f"local/{n}", None) for n in range(6)] + [("gpt-4o-mini", "careful")] * 2
+    for model, header in asked * 2:
+        assert chat.route(model, header) == config.route("chat", model, header)
+        assert len(chat._routes) <= 4
+        with pytest.raises(InvalidRequest, match="no upstream "):
+            messages.route(model, header)
+        assert messages._routes == {}
 
 
 DIALECTS_CONFIG = """

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.forward import Forward, dashboard_turn
 from proxy.compaction.turn import ClientRequest
-from proxy.config import Config, NoRoute, Policy
+from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import (
     Dialect,
     Entitlements,
@@ -55,6 +55,7 @@ _SHADOW_VALUES = {"1": True, "true": True, "on": True, "0": False, "false": Fals
 _SSE_NAMES = frozenset(name.lower() for name, _ in SSE_HEADERS)
 _SSE_TYPED = _SSE_NAMES | {"content-type"}
 SSE_TYPE = "text/event-stream; charset=utf-8"
+MAX_ROUTES = 1_024  # (model, policy header) pairs whose route a handler remembers
 
 
 class Handler:
@@ -85,6 +86,7 @@ class Handler:
         self.drop_headers = own_headers | {"accept-encoding"}
         # What the request's own summary call carries: the credential, and its API's headers.
         self.carried = CREDENTIAL_HEADERS | dialect.call_headers.keys()
+        self._routes: dict[tuple[str, str | None], tuple[Policy, Upstream]] = {}
 
     async def __call__(self, request: Request) -> ASGIApp:
         started = time.perf_counter()
@@ -205,12 +207,7 @@ class Handler:
         """The request routed, with its session and what its own summary call may carry."""
         sessions = self.config.sessions
         given = headers.items()
-        try:
-            policy, upstream = self.config.route(
-                self.dialect.name, parsed.model, headers.get(sessions.policy_header)
-            )
-        except NoRoute as exc:
-            raise InvalidRequest(str(exc), param="model") from None
+        policy, upstream = self.route(parsed.model, headers.get(sessions.policy_header))
         return ClientRequest(
             dialect=self.dialect,
             parsed=parsed,
@@ -231,6 +228,21 @@ class Handler:
             headers=tuple(relayable(given, self.drop_headers)),
             shadow=self.shadow(headers.get(sessions.shadow_header), policy),
         )
+
+    def route(self, model: str, policy_header: str | None) -> tuple[Policy, Upstream]:
+        """`Config.route` for this dialect, remembered for the models asked for last: it
+        matches globs, and every request of a session asks the same."""
+        key = (model, policy_header)
+        found = self._routes.get(key)
+        if found is None:
+            try:
+                found = self.config.route(self.dialect.name, model, policy_header)
+            except NoRoute as exc:
+                raise InvalidRequest(str(exc), param="model") from None
+            if len(self._routes) >= MAX_ROUTES:
+                self._routes.clear()  # models named by clients: any number of them
+            self._routes[key] = found
+        return found
 
     def shadow(self, value: str | None, policy: Policy) -> bool:
         """Shadow mode as the request's header asks (on or off), else as its policy says."""
