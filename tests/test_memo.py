@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from policies import Chain
 from policies.chain import chain_digests
+from proxy.compaction.histories import SessionHistories
 from proxy.dialects.openai.chat import Chat
-from proxy.memo import Memo, MessageDigests, SessionHistories, content_keys
+from proxy.memo import Memo, MessageDigests, content_keys
 from proxy.models.tokens import counter_for
 from tests.conftest import examples
 

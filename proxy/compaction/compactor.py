@@ -17,13 +17,14 @@ import policies
 from policies.memory import memory_candidates
 from proxy.compaction.exact_count import ExactCounts
 from proxy.compaction.forward import Forward, with_max_output
+from proxy.compaction.histories import SessionHistories
 from proxy.compaction.kept_originals import KeptOriginals
 from proxy.compaction.prepared import Bounded, PreparedSummaries
 from proxy.compaction.summarizer import lock_seconds
 from proxy.compaction.turn import ClientRequest, Turn
 from proxy.dialects import Entries, Usage
 from proxy.errors import ContextLengthExceeded, SummaryPending
-from proxy.memo import MessageDigests, SessionHistories, content_keys
+from proxy.memo import MessageDigests, content_keys
 from proxy.models.calibration import Calibration
 from proxy.models.limits import ModelLimits
 from proxy.sessions.sessions import Lock, Sessions
