@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import Connection
 
 from proxy.sessions.redis_reads import packed
@@ -103,3 +104,25 @@ async def test_a_read_cut_off_leaves_no_answer_for_the_next(store: RedisStore) -
         with pytest.raises(asyncio.CancelledError):
             await cut
         assert await store.get(second) == Record(1, b"second")
+
+
+@pytest.mark.cluster
+@pytest.mark.tls
+async def test_a_read_sent_to_the_wrong_node_is_redirected(tls_cluster: Any) -> None:
+    prefix = f"cptest-{secrets.token_hex(6)}"
+    store = RedisStore(tls_cluster.url, ttl_seconds=60, key_prefix=prefix, timeout_seconds=2)
+    client: RedisCluster = store._redis  # type: ignore[assignment]
+    key = new_key()
+    try:
+        assert await store.compare_and_set(key, 0, b"plan") == 1
+        state, _, _ = store._keys(key)
+        slots = client.nodes_manager.slots_cache
+        slot = client.keyslot(state)
+        owner = slots[slot][0]
+        other = next(n for n in client.get_primaries() if n.name != owner.name)
+        slots[slot] = [other]  # as after a slot moved: the node answers MOVED
+        assert await store.get(key) == Record(1, b"plan")
+        assert slots[slot][0].name == owner.name  # redis-py followed the redirection
+        await client.delete(state)
+    finally:
+        await store.close()

@@ -68,7 +68,7 @@ class PooledReads:
 class ClusterReads:
     """`HMGET` on a pooled connection of the node that serves the key's slot. Anything but the
     answer (a redirection, a slot not covered, a node down) is left to redis-py's own path,
-    which follows the cluster's topology and retries."""
+    which sends it again (a read: harmless), follows the cluster's topology and retries."""
 
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
