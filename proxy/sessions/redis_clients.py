@@ -24,6 +24,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelManagedSSLConnection
 from redis.backoff import NoBackoff
 
 from proxy.config.store_url import StoreURL
+from proxy.sessions.redis_reads import ClusterReads, PooledReads, Read
 
 Client = Redis | RedisCluster
 CLUSTER_RETRIES = 2
@@ -35,10 +36,11 @@ async def _no_wait() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Connected:
-    """A client, what to await before a command, how to tell that every server it needs
-    answers, and how to close it."""
+    """A client, its lean `HMGET` (`redis_reads`), what to await before a command, how to
+    tell that every server it needs answers, and how to close it."""
 
     client: Client
+    read: Read
     ping: Callable[[], Awaitable[Any]]
     close: Callable[[], Awaitable[None]]
     ready: Callable[[], Awaitable[None]] = _no_wait
@@ -72,7 +74,7 @@ def connect(url: StoreURL, *, timeout_seconds: float, max_connections: int) -> C
         **{name: value for name, value in tls.items() if name != "ssl"},
     )
     client = Redis.from_pool(pool)
-    return Connected(client, client.ping, client.aclose)
+    return Connected(client, PooledReads(pool).hmget, client.ping, client.aclose)
 
 
 def _cluster(url: StoreURL, options: dict[str, Any], max_connections: int) -> Connected:
@@ -107,7 +109,7 @@ def _cluster(url: StoreURL, options: dict[str, Any], max_connections: int) -> Co
                 await client.initialize()
                 started.set()
 
-    return Connected(client, ping, client.aclose, ready)
+    return Connected(client, ClusterReads(client).hmget, ping, client.aclose, ready)
 
 
 def _sentinel(
@@ -130,7 +132,7 @@ def _sentinel(
         await client.aclose()
         await sentinel.aclose()
 
-    return Connected(client, client.ping, close)
+    return Connected(client, PooledReads(client.connection_pool).hmget, client.ping, close)
 
 
 _CREDENTIALS = ("username", "password")

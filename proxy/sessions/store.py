@@ -307,7 +307,7 @@ class RedisStore:
 
     async def get(self, key: str) -> Record | None:
         state, _, _ = self._keys(key)
-        found: list[Any] = await self._run(lambda: self._redis.hmget(state, ["v", "d"]))
+        found: list[Any] = await self._run(lambda: self._connected.read(state, ("v", "d")))
         return _record(*found)
 
     async def compare_and_set(
@@ -335,8 +335,8 @@ class RedisStore:
 
     async def turns(self, key: str) -> StoredTurns | None:
         state, _, _ = self._keys(key)
-        fields = ["w", "n", "c", "s", "t"]
-        found: list[Any] = await self._run(lambda: self._redis.hmget(state, fields))
+        fields = ("w", "n", "c", "s", "t")
+        found: list[Any] = await self._run(lambda: self._connected.read(state, fields))
         who, *counts, lines = found
         if who is None:
             return None
