@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import policies
 from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
 from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
+from proxy.dialects.anthropic.groups import groups as view_groups
 from proxy.dialects.anthropic.messages import Messages, user_id_session
-from proxy.dialects.anthropic.view import groups as view_groups
 from proxy.dialects.base import Parsed
 from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
 from proxy.models.tokens import counter_for

@@ -19,7 +19,7 @@ import orjson
 
 from policies import Message
 from proxy.credentials import bearer
-from proxy.dialects.anthropic import view
+from proxy.dialects.anthropic import groups, view
 from proxy.dialects.anthropic.blocks import (
     REDACTED_THINKING_TOKENS,
     SIGNATURE_TOKENS,
@@ -126,10 +126,10 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage, 
         return tokens
 
     def summary_items(self, header: Message) -> list[Any]:
-        return view.summary_items(header)
+        return groups.summary_items(header)
 
     def edited_items(self, items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
-        return view.edited_items(items, original, edited)
+        return groups.edited_items(items, original, edited)
 
     def render(self, parsed: Parsed, entries: Entries, breakpoints: bool = False) -> bytes:
         items = view.view_items(parsed, entries, breakpoints)

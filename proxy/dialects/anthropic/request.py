@@ -104,13 +104,25 @@ def _canonical(message: Any) -> list[Message]:
     return canonical(message, 0)
 
 
+class Spans(list[slice]):
+    """Where each canonical message comes from (`Parsed.spans`): the canonical messages of a
+    native message share one slice, so a view tells them apart by identity (`groups`). And
+    how many of the request's native messages are system messages (a view moves them)."""
+
+    __slots__ = ("systems",)
+
+    def __init__(self, spans: Sequence[slice] = (), systems: int = 0) -> None:
+        super().__init__(spans)
+        self.systems = systems
+
+
 class _Assembled(NamedTuple):
     """The canonical messages of a request's first `read` messages, where each comes from,
     and (from the split) a content key of each: of its native message's bytes and its place
     among that message's canonical ones."""
 
     messages: list[Message]
-    spans: list[slice]
+    spans: Spans
     keys: list[int] | None
     read: int
 
@@ -122,12 +134,14 @@ def _assemble(
     message; `keys`, the keys of their bytes, when the body was split)."""
     start = 0 if after is None else after.read
     messages = [] if after is None else list(after.messages)
-    spans = [] if after is None else list(after.spans)
+    spans = Spans() if after is None else Spans(after.spans, after.spans.systems)
     made = [] if after is None or after.keys is None else list(after.keys)
     for index in range(start, len(each)):
         found = each[index]
         messages += found
         spans += [slice(index, index + 1)] * len(found)
+        if found[0]["role"] == "system":  # the canonical message of a system message
+            spans.systems += 1
         if keys is not None:
             made += [hash((keys[index], n)) for n in range(len(found))]
     return _Assembled(messages, spans, None if keys is None else made, len(each))

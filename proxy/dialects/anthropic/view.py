@@ -1,8 +1,12 @@
 """A view of a Messages conversation (`policies.render_entries`) as the request's messages: one
 native message for the canonical messages that share it, rebuilt by `blocks` only when one of
-them was edited, the system messages of an evicted part after the header, the proxy's own
-prompt-cache breakpoints (`breakpoints`) where its next request reads them back, and each run
-of unchanged messages written as the client's bytes of it.
+them was edited (`groups`), the system messages of an evicted part after the header, the
+proxy's own prompt-cache breakpoints (`breakpoints`) where its next request reads them back,
+and each run of unchanged messages written as the client's bytes of it.
+
+The view is made as segments (`segments`): runs of native messages as received, and the
+messages made for it; a step per gap and edit of the view, not per message, but for system
+messages, which are moved message by message.
 """
 
 from __future__ import annotations
@@ -13,137 +17,59 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from policies import Message
-from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
+from proxy.dialects.anthropic import segments as seg
+from proxy.dialects.anthropic.blocks import thinking_turn
 from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
+from proxy.dialects.anthropic.groups import groups, segments_of
+from proxy.dialects.anthropic.segments import Made, Segment
 from proxy.dialects.base import Entries, Parsed
 
 MARK_LOOKBACK = 8  # messages before a breakpoint's place where one with blocks takes it
-
-
-def summary_items(header: Message) -> list[Any]:
-    """The header message: its own user message, first in `messages`. The API merges it with
-    a user turn that follows, so no kept message is edited to make room for it."""
-    return [{"role": "user", "content": [{"type": "text", "text": header["content"]}]}]
-
-
-def edited_items(items: Sequence[Any], original: Message, edited: Message) -> list[Any]:
-    """The native message of a canonical message a layer edited, alone in it."""
-    return shared_items(items, [(original, edited)])
-
-
-def shared_items(
-    items: Sequence[Any], shown: Sequence[tuple[Message, Message | None]]
-) -> list[Any]:
-    """The native message `items[0]` with each of its canonical messages as shown (None:
-    not shown); nothing when none is."""
-    message = rebuilt(items[0], shown)
-    return [] if message is None else [message]
-
-
-def groups(parsed: Parsed, entries: Entries) -> list[tuple[int | None, list[Any]]]:
-    """The view as native messages, one group per native message: (the index of one of
-    its canonical messages shown, None for the header message; the group's items).
-
-    Several canonical messages may stand for the same native message (a user turn holds
-    tool results and text): it goes out once, as received when all its canonical messages
-    are shown unchanged, else rebuilt by `shared_items` with every edit.
-    """
-    spans = cast(Sequence[slice], parsed.spans)
-    messages, natives = parsed.messages, parsed.items
-    last = len(spans) - 1
-    out: list[tuple[int | None, list[Any]]] = []
-    run: list[tuple[int, Message]] = []  # the canonical messages shown of a shared one
-
-    def flush() -> None:
-        index, _ = run[-1]
-        native = spans[index].start
-        members = _members(spans, index)
-        if len(run) == len(members) and all(m is messages[i] for i, m in run):
-            items = [natives[native]]
-        else:
-            shown_as = dict(run)
-            shown = [(messages[i], shown_as.get(i)) for i in members]
-            items = shared_items([natives[native]], shown)
-        out.append((index, items))
-        run.clear()
-
-    for index, message in entries:
-        if index is None:
-            if run:
-                flush()
-            out.append((None, summary_items(message)))
-            continue
-        native = spans[index].start
-        if run and spans[run[0][0]].start != native:
-            flush()
-        before = spans[index - 1].start if index else -1
-        after = spans[index + 1].start if index < last else -1
-        if native != before and native != after:  # most messages: one of their own
-            original = messages[index]
-            if message is original:
-                out.append((index, [natives[native]]))
-            else:
-                out.append((index, edited_items([natives[native]], original, message)))
-        else:
-            run.append((index, message))
-    if run:
-        flush()
-    return out
-
-
-def _members(spans: Sequence[slice], index: int) -> range:
-    """The canonical messages of the native message canonical message `index` is of: those
-    next to it with the same native message (a step per member, not per message)."""
-    native = spans[index].start
-    first, stop = index, index + 1
-    while first > 0 and spans[first - 1].start == native:
-        first -= 1
-    while stop < len(spans) and spans[stop].start == native:
-        stop += 1
-    return range(first, stop)
 
 
 def view_items(parsed: Parsed, entries: Entries, breakpoints: bool) -> list[Any] | None:
     """The messages of the view `entries`, with the proxy's prompt-cache breakpoints when
     `breakpoints`, as `Dialect.body_with` takes them; None when they are the request's own,
     unchanged (its body goes as the client sent it)."""
-    # Each item with the native message it comes from (None: the header).
-    sources: Sequence[int | None]
+    natives = parsed.items
     last_edit = -1  # the native message of the view's last edited message
     whole = len(entries) == len(parsed.messages) and all(
         map(operator.is_, map(operator.itemgetter(1), entries), parsed.messages)
     )
+    segments: list[Segment]
     if whole:
-        items, sources = list(parsed.items), range(len(parsed.items))  # the whole request
+        segments = [range(len(natives))] if natives else []
     else:
-        spans = cast(Sequence[slice], parsed.spans)
-        pairs = [
-            (item, None if index is None else spans[index].start)
-            for index, group in groups(parsed, entries)
-            for item in group
-        ]
-        pairs = _systems_after_users(_systems_after_header(pairs))
-        items, sources = [item for item, _ in pairs], [source for _, source in pairs]
-        edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
-        last_edit = spans[edited[-1]].start if edited else -1
-    if breakpoints and any(m.get("role") == "assistant" for m in parsed.items):
+        found = segments_of(parsed, entries)
+        segments, last_edit = _moved(parsed, entries) if found is None else found
+    if breakpoints and any(m.get("role") == "assistant" for m in natives):
         # Only a conversation being continued is worth a cache write: its next request
         # reads it back.
-        rewritten = not whole and (last_edit >= 0 or None in sources)
-        items = _marked(parsed, items, sources, last_edit if rewritten else None)
-    if len(items) == len(parsed.items) and all(map(operator.is_, items, parsed.items)):
+        rewritten = not whole and (
+            last_edit >= 0 or any(not isinstance(s, range) and s[1] is None for s in segments)
+        )
+        segments = _marked(parsed, segments, last_edit if rewritten else None)
+    if segments == ([range(len(natives))] if natives else []):
         return None  # nothing changed, nothing added
-    return _as_sent(parsed, items, sources)
+    return _as_sent(parsed, segments)
 
 
-def _marked(
-    parsed: Parsed,
-    items: list[Any],
-    sources: Sequence[int | None],
-    last_edit: int | None,
-) -> list[Any]:
-    """`items` with the proxy's breakpoints, in order of priority:
+def _moved(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int]:
+    """The view message by message, its system messages moved where the API takes them, and
+    the native message of its last edited message (-1: none)."""
+    spans = cast(Sequence[slice], parsed.spans)
+    pairs = [
+        (item, None if index is None else spans[index].start)
+        for index, group in groups(parsed, entries)
+        for item in group
+    ]
+    pairs = _systems_after_users(_systems_after_header(pairs))
+    edited = [i for i, m in entries if i is not None and m is not parsed.messages[i]]
+    return seg.of_pairs(parsed.items, pairs), spans[edited[-1]].start if edited else -1
+
+
+def _marked(parsed: Parsed, segments: list[Segment], last_edit: int | None) -> list[Segment]:
+    """`segments` with the proxy's breakpoints, in order of priority:
 
     1. the end of what the session's plan rewrote (`last_edit`, the native message of its
        last edited message, else the summary; None: it rewrote nothing): the next
@@ -155,59 +81,64 @@ def _marked(
 
     Both are found from the end: they are near it.
     """
-    repeated = thinking_turn(parsed.items)[0]
-    backwards = range(len(sources) - 1, -1, -1)
+    natives = parsed.items
+    repeated = thinking_turn(natives)[0]
+    count = seg.length(segments)
     rewritten = stable = None
     if last_edit is not None:
         rewritten = _markable(
-            items, (p for p in backwards if (at := sources[p]) is None or at <= last_edit)
+            (p, item)
+            for p, item, at in seg.backwards(natives, segments, count)
+            if at is None or at <= last_edit
         )
     stable = _markable(
-        items, (p for p in backwards if (at := sources[p]) is not None and at < repeated)
+        (p, item)
+        for p, item, at in seg.backwards(natives, segments, count)
+        if at is not None and at < repeated
     )
     marks = [position for position in (rewritten, stable) if position is not None]
+    if not marks:
+        return segments
     # Counted by the split of the body, which counts only what a known body's turn adds.
     taken = parsed.raw.count(BREAKPOINT) if parsed.marks is None else parsed.marks
-    return with_breakpoints(parsed.body, taken, items, marks)
+    # Marked on the messages from the first place on: all that a breakpoint's TTL depends on.
+    first = min(marks)
+    after = seg.tail(natives, segments, count, first)
+    out = with_breakpoints(parsed.body, taken, after, [m - first for m in marks])
+    changed = {m: out[m - first] for m in marks if out[m - first] is not after[m - first]}
+    return seg.replaced(segments, count, changed)
 
 
-def _markable(items: list[Any], positions: Iterator[int]) -> int | None:
-    """The first of `positions` whose message has blocks, among the next few (a cache entry
-    is found that far back), else the first: a breakpoint makes a message's string content a
-    text block, which it would stop being the turn after, when the breakpoint has moved on
-    (the bytes of a replayed prefix would change, as Claude Code's string system messages
-    did)."""
-    first = next(positions, None)
-    if first is None or isinstance(items[first].get("content"), list):
-        return first
-    near = itertools.islice(positions, MARK_LOOKBACK)
-    return next((p for p in near if isinstance(items[p].get("content"), list)), first)
+def _markable(found: Iterator[tuple[int, Any]]) -> int | None:
+    """The place of the first of the messages `found` (each with its place) that has blocks,
+    among the next few (a cache entry is found that far back), else of the first: a
+    breakpoint makes a message's string content a text block, which it would stop being the
+    turn after, when the breakpoint has moved on (the bytes of a replayed prefix would change,
+    as Claude Code's string system messages did)."""
+    first = next(found, None)
+    if first is None or isinstance(first[1].get("content"), list):
+        return None if first is None else first[0]
+    near = itertools.islice(found, MARK_LOOKBACK)
+    return next((p for p, item in near if isinstance(item.get("content"), list)), first[0])
 
 
-def _as_sent(parsed: Parsed, items: list[Any], sources: Sequence[int | None]) -> list[Any]:
-    """`items`, each run of native messages that goes out unchanged as the client's bytes of
-    it (`ItemBytes.run`) when the body kept them: a view with a breakpoint or two added is
-    written in a few pieces, not message by message."""
+def _as_sent(parsed: Parsed, segments: Sequence[Segment]) -> list[Any]:
+    """The messages of `segments`, each run as the client's bytes of it (`ItemBytes.run`)
+    when the body kept them: a view with a breakpoint or two added is written in a few
+    pieces, not message by message."""
     sent, natives = parsed.raw_items, parsed.items
-    if sent is None:
-        return items
     out: list[Any] = []
-    start = stop = 0  # the run of unchanged native messages not written yet
-    for item, source in zip(items, sources, strict=True):
-        if source is not None and item is natives[source]:
-            if source != stop:
-                out += sent.run(start, stop)
-                start = source
-            stop = source + 1
+    for segment in segments:
+        if not isinstance(segment, range):
+            out.append(segment[0])
+        elif sent is None:
+            out += natives[segment.start : segment.stop]
         else:
-            out += sent.run(start, stop)
-            start = stop = 0
-            out.append(item)
-    out += sent.run(start, stop)
+            out += sent.run(segment.start, segment.stop)
     return out
 
 
-def _systems_after_header(pairs: list[tuple[Any, int | None]]) -> list[tuple[Any, int | None]]:
+def _systems_after_header(pairs: list[Made]) -> list[Made]:
     """The items, with the system messages of the evicted part right after the header: the
     engine puts them before it, but the API takes a system message only after a user turn."""
     header = next((i for i, (_, source) in enumerate(pairs) if source is None), None)
@@ -219,16 +150,13 @@ def _systems_after_header(pairs: list[tuple[Any, int | None]]) -> list[tuple[Any
     return [*kept, pairs[header], *moved, *pairs[header + 1 :]]
 
 
-Pair = tuple[Any, int | None]
-
-
-def _systems_after_users(pairs: list[Pair]) -> list[Pair]:
+def _systems_after_users(pairs: list[Made]) -> list[Made]:
     """The items with every system message right after a user turn, as the API requires (a
     view can leave two side by side, or one after an assistant turn, when the messages between
     were removed): one that follows a system message is joined to it, one that follows no
     user turn waits for the next."""
-    out: list[Pair] = []
-    waiting: list[Pair] = []
+    out: list[Made] = []
+    waiting: list[Made] = []
     for pair in pairs:
         role = pair[0].get("role")
         if role == "system" and out and out[-1][0].get("role") == "system":
@@ -243,7 +171,7 @@ def _systems_after_users(pairs: list[Pair]) -> list[Pair]:
     return out + waiting
 
 
-def _joined(first: Pair, second: Pair) -> Pair:
+def _joined(first: Made, second: Made) -> Made:
     """Two system messages as one: the first's place and fields, both contents in order."""
     (a, source), b = first, second[0]
 
