@@ -43,8 +43,8 @@ class Parsed:
     `raw_items` are the client's bytes of each native item, when the dialect kept them: an
     item no layer touched goes upstream as them. `marks` is how often the dialect's
     `KnownItems.marks` is in `raw`, when its split counted them.
-    The messages (and `body`'s values) may be shared with other requests, memoised by their
-    bytes (`raw_items`): nothing may change them in place.
+    The messages (their list too, and `body`'s values) may be shared with other requests,
+    memoised by their bytes (`raw_items`): nothing may change them in place.
     """
 
     raw: bytes
