@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, overload
 
 from policies.client_context import left_out, outside_positions, superseded
 from policies.message import Message, call_arguments, call_function
@@ -47,6 +48,12 @@ class Plan:
     anchors_truncated: bool = False
     levels: Mapping[int, int] = field(default_factory=dict)
     task: int | None = None
+
+    @cached_property
+    def _runs(self) -> dict[tuple[int, ...], list[tuple[int, int, Message | None]]]:
+        """What `_edited_runs` made of this plan (a session's turns between compactions
+        replay the same plan object)."""
+        return {}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (edit keys become strings). `task` only when there is one: a plan
@@ -131,16 +138,87 @@ def header_message(
     return {"role": role, "content": "\n\n".join(sections)} if sections else None
 
 
+class View(Sequence[tuple[int | None, Message]]):
+    """The entries of a view (`render_entries`) as `runs`: a range of indices for each run of
+    `messages` shown as they are, and each other entry as it is. Its entries, a step per
+    message, are made when first asked for: a wire format writes a view by its runs."""
+
+    __slots__ = ("_entries", "messages", "runs")
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.messages = messages
+        self.runs: list[range | tuple[int | None, Message]] = []
+        self._entries: list[tuple[int | None, Message]] | None = None
+
+    def add(self, start: int, stop: int) -> None:
+        """The messages from `start` to `stop` (not included), shown as they are."""
+        if start < stop:
+            self.runs.append(range(start, stop))
+
+    def without(self, omitted: set[int]) -> View:
+        """The view without the messages at `omitted`."""
+        view = View(self.messages)
+        for run in self.runs:
+            if not isinstance(run, range):
+                view.runs += [] if run[0] in omitted else [run]
+                continue
+            start = run.start
+            for index in sorted(i for i in omitted if i in run):
+                view.add(start, index)
+                start = index + 1
+            view.add(start, run.stop)
+        return view
+
+    @property
+    def entries(self) -> list[tuple[int | None, Message]]:
+        if self._entries is None:
+            entries: list[tuple[int | None, Message]] = []
+            messages = self.messages
+            for run in self.runs:
+                if isinstance(run, range):
+                    entries += enumerate(messages[run.start : run.stop], run.start)
+                else:
+                    entries.append(run)
+            self._entries = entries
+        return self._entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int | None, Message]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int | None, Message]]: ...
+
+    def __getitem__(
+        self, index: int | slice
+    ) -> tuple[int | None, Message] | list[tuple[int | None, Message]]:
+        return self.entries[index]
+
+    def __iter__(self) -> Iterator[tuple[int | None, Message]]:
+        return iter(self.entries)
+
+    def __eq__(self, other: object) -> bool:
+        return self.entries == (other.entries if isinstance(other, View) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"View({self.entries!r})"
+
+
 def render_entries(
     messages: Sequence[Message],
     plan: Plan,
     *,
     summary_role: str = "user",
     outside: Mapping[int, int] | None = None,
-) -> list[tuple[int | None, Message]]:
+) -> View:
     """The view `render` makes, each message with where it comes from: the index in
     `messages` of the message it shows (that message itself, or the plan's edit of it), or
-    None for the header message. Wire formats map the view back to their own items by it.
+    None for the header message. Wire formats map the view back to their own items by it
+    (by its runs: a `View` is made a step per edit, not per message).
 
     System messages and the clients' context stay verbatim and in order; those inside the
     evicted prefix move before the header message, which stands where the kept part of the
@@ -151,16 +229,16 @@ def render_entries(
     `outside` is `outside_positions(messages)` when the caller has it (`Chain.outside`).
     """
     header = header_message(plan.summary, plan.anchor_block, summary_role)
-    entries: list[tuple[int | None, Message]] = []
+    view = View(messages)
     if header is None and plan.cut == 0 and not plan.edits:
-        entries.extend(enumerate(messages))
-        return entries
+        view.add(0, len(messages))
+        return view
     if outside is None:
         outside = outside_positions(messages)
-    # A step per message outside the chain and per edit, not per message: between them the
-    # view is runs of the messages as they are. Chain position p is message p + the number
-    # of messages outside the chain before it.
-    befores = list(outside.values())
+    # A step per message outside the chain and per run of edits, not per message: between
+    # them the view is runs of the messages as they are. Chain position p is message p + the
+    # number of messages outside the chain before it.
+    befores = tuple(outside.values())
     cut, task, edits, count = plan.cut, plan.task, plan.edits, len(messages)
     start = min(cut + bisect.bisect_right(befores, cut), count)  # the first kept chain message
     shown = [index for index in outside if index < start]  # kept from the evicted prefix
@@ -171,29 +249,45 @@ def render_entries(
         message = messages[index]
         edit = message if index in outside else edits.get(position_of_task, message)
         if edit is not None:
-            entries.append((index, applied_edit(edit, message)))
+            view.runs.append((index, applied_edit(edit, message)))
     if header is not None:
-        entries.append((None, header))
+        view.runs.append((None, header))
     at = start
-    for position in sorted(edits):
-        if position < cut:
-            continue
-        index = position + bisect.bisect_right(befores, position)
+    for index, stop, edit in _edited_runs(plan, befores):
         if index >= count:
             break
-        if index > at:
-            entries.extend(enumerate(messages[at:index], at))
-        at = index + 1
-        edit = edits[position]
+        view.add(at, index)
+        at = stop
         if edit is not None:
-            entries.append((index, applied_edit(edit, messages[index])))
-    entries.extend(enumerate(messages[at:], at))
+            view.runs.append((index, applied_edit(edit, messages[index])))
+    view.add(at, count)
     if len(outside) > 1:
         copies = superseded(messages, outside, plan.covered)
         omitted = set(left_out(copies, cut, edits)) if copies else ()
         if omitted:
-            return [entry for entry in entries if entry[0] not in omitted]
-    return entries
+            return view.without(omitted)
+    return view
+
+
+def _edited_runs(plan: Plan, befores: tuple[int, ...]) -> list[tuple[int, int, Message | None]]:
+    """The messages that the plan's edits from its cut on replace or drop, in runs of indices
+    (the first, the one after the last, the edit: None for a run of drops), given the number
+    of chain messages before each message outside the chain, in order (`befores`). Made once
+    for a plan and the places of the messages outside the chain."""
+    made = plan._runs
+    runs = made.get(befores)
+    if runs is None:
+        runs = []
+        for position in sorted(p for p in plan.edits if p >= plan.cut):
+            index = position + bisect.bisect_right(befores, position)
+            edit = plan.edits[position]
+            if edit is None and runs and runs[-1][1] == index and runs[-1][2] is None:
+                runs[-1] = (runs[-1][0], index + 1, None)
+            else:
+                runs.append((index, index + 1, edit))
+        made.clear()  # those of the places of the latest turn only
+        made[befores] = runs
+    return runs
 
 
 def applied_edit(edit: Message, message: Message) -> Message:

@@ -345,7 +345,7 @@ def any_plans(draw: st.DrawFn) -> tuple[list[dict], Plan]:
     cut = draw(st.integers(0, length + 1))
     task = draw(st.none() | st.integers(0, cut - 1)) if cut else None
     edited = st.none() | st.just({"role": "tool", "tool_call_id": "a", "content": "[edit]"})
-    edits = draw(st.dictionaries(st.integers(0, length + 1), edited, max_size=5))
+    edits = draw(st.dictionaries(st.integers(0, length + 1), edited, max_size=8))
     if task is not None and draw(st.booleans()):
         edits[task] = draw(edited)  # the task's own edit, shown with it
     summary = draw(st.none() | st.just(Summary("s", "llm")))
@@ -395,6 +395,19 @@ def test_render_entries_in_a_step_per_edit_make_the_view_a_step_per_message_make
         assert entries == expected
         for (index, message), (_, want) in zip(entries, expected, strict=True):
             assert index is None or message is want or want is not messages[index]
+        assert all(run for run in entries.runs if isinstance(run, range))  # never an empty one
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(any_plans(), any_plans())
+def test_a_plan_makes_the_view_of_any_messages_it_is_applied_to_in_turn(
+    case: tuple[list[dict], Plan], other: tuple[list[dict], Plan]
+) -> None:
+    """What a plan keeps of the views it made (`plan._edited_runs`) serves the messages it is
+    applied to next only when theirs are in the same places outside the chain."""
+    messages, plan = case
+    for shown in (messages, other[0], messages):
+        assert render_entries(shown, plan) == view_by_definition(shown, plan)
 
 
 def test_plan_round_trips_through_json() -> None:

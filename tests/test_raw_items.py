@@ -253,6 +253,32 @@ def test_a_next_turn_is_read_from_where_the_last_body_ended(
         assert chat.known.bodies.held <= max(max_bytes, last.size)
 
 
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.lists(messages, max_size=3)), min_size=1),
+    st.sampled_from([8 << 20, 400]),
+)
+def test_a_body_looked_up_again_is_found_as_by_its_bytes(
+    turns: list[tuple[int, list[dict[str, Any]]]], max_bytes: int
+) -> None:
+    """`KnownBodies.find` keeps what it found of the body it looked up last (by identity):
+    the same as the bytes of that body say, before it is read and after, whatever the bodies
+    of other sessions that begin alike do meanwhile (in bodies few enough to be dropped)."""
+    chat = Chat(split_from=0)
+    bodies = chat.known.bodies = KnownBodies(head=16, max_bytes=max_bytes)
+    histories: list[list[dict[str, Any]]] = [[], [], []]
+    sent: list[bytes] = []
+    for session, turn in turns:
+        histories[session] += turn
+        raw = json.dumps({"model": "gpt-4o", "messages": histories[session]}).encode()
+        assert bodies.find(raw) is bodies.find(bytes(bytearray(raw)))
+        same_reading(chat, raw)
+        for body in (raw, *sent[-3:], raw):
+            assert bodies.find(body) is bodies.find(bytes(bytearray(body)))
+            assert bodies.find(body) is bodies.find(body)
+        sent.append(raw)
+
+
 @settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(st.lists(st.booleans(), min_size=1, max_size=3), min_size=2, max_size=5),

@@ -628,11 +628,11 @@ def test_a_replayed_turn_maps_only_its_new_items_to_what_the_whole_body_gives(
     items: list[Item], data: st.DataObject
 ) -> None:
     """Turn after turn of one history, as a client writes them (any spacing, keys written
-    twice), cut anywhere (in a run of model output, between a call and its output): the known
-    items' mapping resumed gives what mapping the whole body gives, or the same 400; and no
-    turn changes what an earlier one was given."""
+    twice), cut anywhere (in a run of model output, between a call and its output; a turn
+    sent again): the known items' mapping resumed gives what mapping the whole body gives,
+    or the same 400; and no turn changes what an earlier one was given."""
     dialect = Responses(split_from=0)
-    cuts = sorted(data.draw(st.sets(st.integers(0, len(items)), min_size=1, max_size=6)))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(items)), min_size=1, max_size=6)))
     # The client's next turn is its last body with items added: the same bytes up to there.
     space = data.draw(st.sampled_from(["", " ", "\n  "]))
     texts = [data.draw(written(item)) for item in items]

@@ -19,6 +19,7 @@ import orjson
 from starlette.responses import Response
 
 from policies import Message, is_compaction_request
+from policies.plan import View
 from proxy.errors import APIError
 from proxy.models.tokens import TokenCounter
 
@@ -42,8 +43,8 @@ class Parsed:
     `raw_items` are the client's bytes of each native item, when the dialect kept them: an
     item no layer touched goes upstream as them. `marks` is how often the dialect's
     `KnownItems.marks` is in `raw`, when its split counted them.
-    The messages (and `body`'s values) may be shared with other requests, memoised by their
-    bytes (`raw_items`): nothing may change them in place.
+    The messages (their list too, and `body`'s values) may be shared with other requests,
+    memoised by their bytes (`raw_items`): nothing may change them in place.
     """
 
     raw: bytes
@@ -162,7 +163,8 @@ class Dialect(ABC):
 
         Here each canonical message stands for native items of its own (the dialects whose
         messages share items render them together: Anthropic's). The untouched messages'
-        items go as runs of the client's bytes (`ItemBytes.run`) when it kept them."""
+        items go as runs of the client's bytes (`ItemBytes.run`) when it kept them; a `View`
+        is read by its runs, a step per run rather than per message."""
         items: list[Any] = []
         spans, messages, sent = parsed.spans, parsed.messages, parsed.raw_items
 
@@ -170,19 +172,25 @@ class Dialect(ABC):
             return parsed.items[start:stop] if sent is None else sent.run(start, stop)
 
         start = stop = 0  # the run of untouched items not written yet
-        for index, message in entries:
-            if index is not None and message is messages[index]:
-                first = index if spans is None else spans[index].start
-                if first != stop:
-                    items += untouched(start, stop)
-                    start = first
-                stop = index + 1 if spans is None else spans[index].stop
-                continue
-            items += untouched(start, stop)
-            start = stop = 0
-            if index is None:
-                items += self.summary_items(message)
+        for run in entries.runs if isinstance(entries, View) else entries:
+            if isinstance(run, range):
+                first, last = run.start, run.stop - 1  # messages shown as they are
             else:
-                items += self.edited_items(parsed.native(index), messages[index], message)
+                index, message = run
+                if index is None or message is not messages[index]:
+                    items += untouched(start, stop)
+                    start = stop = 0
+                    if index is None:
+                        items += self.summary_items(message)
+                    else:
+                        items += self.edited_items(parsed.native(index), messages[index], message)
+                    continue
+                first = last = index
+            if spans is not None:  # the messages' native items
+                first, last = spans[first].start, spans[last].stop - 1
+            if first != stop:
+                items += untouched(start, stop)
+                start = first
+            stop = last + 1
         items += untouched(start, stop)
         return self.body_with(parsed, items)

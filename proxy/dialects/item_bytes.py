@@ -27,11 +27,12 @@ class ItemBytes(Sequence[bytes]):
         they are in: the known items' in one, with the client's bytes between them, each of
         the others alone. Written as they are, they are the client's array of those items."""
         known = self._known
-        end = min(stop, known)
-        pieces = []
-        if start < end:
-            pieces.append(self._prefix[self._offsets[2 * start] : self._offsets[2 * end - 1]])
-        return pieces + self._after[max(start - known, 0) : max(stop - known, 0)]
+        if stop <= known:  # the usual run: of known items only, one piece
+            if start < stop:
+                return [self._prefix[self._offsets[2 * start] : self._offsets[2 * stop - 1]]]
+            return []
+        pieces = self.run(start, known) if start < known else []
+        return pieces + self._after[max(start - known, 0) : stop - known]
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...

@@ -146,7 +146,7 @@ class KnownItems:
             split = split._replace(raw=ItemBytes(prefix, offsets, []))  # runs cut in one piece
             marks = prefix.count(self.marks) if self.marks else 0
             known = _known(prefix, _values(before), offsets, split, _strings(prefix), marks)
-            self.bodies.add(known)
+            self.bodies.add(known, raw)
         if split is not None and self.marks:
             split = split._replace(marks=raw.count(self.marks))
         return split
@@ -180,7 +180,7 @@ class KnownItems:
             quotes = known.quotes + sum(map(_strings, spans))
             marks = known.marks + raw.count(self.marks, len(known.prefix), end) if self.marks else 0
             later = _known(raw[:end], known.before, offsets, split, quotes, marks)
-            self.bodies.replace(known, later)
+            self.bodies.replace(known, later, raw)
         return split
 
     def _split(
@@ -268,10 +268,8 @@ def _known(
     per_item = _PER_ITEM + (_MADE_PER_ITEM if made else 0)
     per_quote = _PER_QUOTE + (_MADE_PER_QUOTE if made else 0)
     size = _PER_BODY + 2 * len(prefix) + per_quote * quotes + per_item * len(split.items)
-    folded = split.folded
-    return _Known(
-        prefix, before, offsets, split.keys, split.items, derived, folded, quotes, marks, size
-    )
+    items, keys, folded = split.items, split.keys, split.folded
+    return _Known(prefix, before, offsets, keys, items, derived, folded, quotes, marks, size)
 
 
 def _strings(data: bytes) -> int:
@@ -296,7 +294,11 @@ class KnownBodies:
     """The bodies read last, found by their first `head` bytes (several sessions may begin
     alike: a shared system prompt), at most `per_head` a head and about `max_bytes` of memory
     in all, their bytes and what is kept of their items (or the one body read last, if
-    larger), the least recently used dropped first."""
+    larger), the least recently used dropped first.
+
+    The body last looked up, and what was found of it, are kept by its identity: a body is
+    looked up more than once (a Responses body by its prescan, its split, then the prescan
+    again), and each look-up compares the whole history's bytes."""
 
     def __init__(self, *, head: int = 256, per_head: int = 32, max_bytes: int = 8 << 20) -> None:
         self.head = head
@@ -304,16 +306,25 @@ class KnownBodies:
         self.max_bytes = max_bytes
         self.held = 0
         self._by_head: dict[bytes, list[_Known]] = {}
+        self._found: tuple[bytes, _Known | None] = (b"", None)  # what `find` says of a body
 
     def find(self, raw: bytes) -> _Known | None:
         """A body `raw` begins with, up to the end of its last item (and goes on after)."""
-        found = self._by_head.get(raw[: self.head])
-        for known in found or ():
+        last, found = self._found
+        if raw is last:
+            return found
+        for known in self._by_head.get(raw[: self.head]) or ():
             if len(known.prefix) < len(raw) and raw.startswith(known.prefix):
-                return known
-        return None
+                found = known
+                break
+        else:
+            found = None
+        self._found = (raw, found)
+        return found
 
-    def add(self, known: _Known) -> None:
+    def add(self, known: _Known, read: bytes = b"") -> None:
+        """`known`, read from the body `read` (if given: what `find` finds of it from now)."""
+        self._found = (b"", None)  # what is found may change
         if len(known.prefix) < self.head:
             return
         head = known.prefix[: self.head]
@@ -331,15 +342,17 @@ class KnownBodies:
             self.held -= others.pop().size
             if not others:
                 del self._by_head[oldest]
+        if read:  # it begins with `known`, the first body of its head
+            self._found = (read, known)
 
-    def replace(self, old: _Known, new: _Known) -> None:
-        """`new`, a later turn of `old`'s body, in its place."""
+    def replace(self, old: _Known, new: _Known, read: bytes = b"") -> None:
+        """`new`, a later turn of `old`'s body (read from `read`, if given), in its place."""
         head = old.prefix[: self.head]
         bodies = self._by_head.get(head, [])
         if any(known is old for known in bodies):
             self._by_head[head] = [known for known in bodies if known is not old]
             self.held -= old.size
-        self.add(new)
+        self.add(new, read)
 
 
 class _Refused(Exception):

@@ -93,7 +93,6 @@ class Mapped:
 
 
 class _Fold(NamedTuple):
-    starts: list[int]
     group: int | None
     block: int | None
     answers: dict[str, str]
@@ -103,7 +102,10 @@ def map_items(items: Sequence[Any], after: Mapped | None = None) -> Mapped:
     """The canonical messages of `items` and the items each stands for; InvalidRequest when
     a field compaction reads has the wrong type. With `after`, the mapping of the first items
     of `items` (the same items: a turn of a conversation already read), only the items after
-    them are read: the history costs a copy of its lists, not a pass over its messages."""
+    them are read: the history costs a copy of its lists, not a pass over its messages (and
+    nothing when no item follows them: `after` itself)."""
+    if after is not None and after.fold is not None and after.count == len(items):
+        return after
     builder = _Builder(after)
     for index in range(builder.count, len(items)):
         item = items[index]
@@ -128,7 +130,7 @@ class _Builder:
             self.messages: list[Message] = []
             self.keys: list[int] = []
             self.spans: list[slice] = []
-            self.starts: list[int] = []
+            self.starts: list[int] = []  # where each message from `spans`' end on begins
             self.group: int | None = None  # the assistant message model output goes to
             self.block: int | None = None  # the assistant message whose calls are answered
             self.answers: dict[str, str] = {}  # its calls: call_id (or item id) -> call_id
@@ -137,7 +139,7 @@ class _Builder:
         self.count = after.count
         self.messages, self.keys = list(after.messages), list(after.keys)
         self.spans = after.spans[:-1]  # the last one ends where the items do
-        self.starts = list(fold.starts)
+        self.starts = [span.start for span in after.spans[-1:]]
         self.group, self.block, self.answers = fold.group, fold.block, dict(fold.answers)
 
     def add(self, index: int, item: dict[str, Any]) -> None:
@@ -170,10 +172,9 @@ class _Builder:
         for at, key in zip(owned, content_keys([self.messages[at] for at in owned]), strict=True):
             self.keys[at] = key
         if self.starts:  # no item, no message
-            first = len(self.spans)
-            stops = [*self.starts[first + 1 :], count]
-            self.spans += [slice(a, b) for a, b in zip(self.starts[first:], stops, strict=True)]
-        fold = _Fold(self.starts, self.group, self.block, self.answers) if resumable else None
+            stops = [*self.starts[1:], count]
+            self.spans += [slice(a, b) for a, b in zip(self.starts, stops, strict=True)]
+        fold = _Fold(self.group, self.block, self.answers) if resumable else None
         return Mapped(self.messages, self.spans, self.keys, count, fold)
 
     def _own(self, at: int) -> Message:
