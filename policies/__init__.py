@@ -29,7 +29,7 @@ from policies.layers.trim_head import TrimHeadParams
 from policies.layers.truncate_tool_fields import TruncateToolFieldsParams
 from policies.message import Message, content_text
 from policies.pipeline import Compaction, compact, make_context, run_layer
-from policies.plan import HEADINGS, Plan, header_message, render, render_entries
+from policies.plan import HEADINGS, Plan, View, header_message, render, render_entries
 from policies.policy import Policy
 from policies.prepared import Rolled, roll_prepared
 from policies.summary import Summarizer, Summary, SummaryKind, SummaryRequest, too_short
@@ -61,6 +61,7 @@ __all__ = [
     "SummaryRequest",
     "TrimHeadParams",
     "TruncateToolFieldsParams",
+    "View",
     "canonical",
     "compact",
     "content_text",

@@ -15,6 +15,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies import View
 from proxy.dialects.anthropic.blocks import thinking_turn
 from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
 from proxy.dialects.anthropic.groups import groups
@@ -163,6 +164,21 @@ def views(draw: st.DrawFn, parsed: Parsed) -> list[tuple[int | None, Any]]:
     return entries
 
 
+def as_view(messages: list[Any], entries: list[tuple[int | None, Any]]) -> View:
+    """The same entries as a `View`: each run of messages shown as they are, one range."""
+    view = View(messages)
+    for index, message in entries:
+        last = view.runs[-1] if view.runs else None
+        if index is None or message is not messages[index]:
+            view.runs.append((index, message))
+        elif isinstance(last, range) and last.stop == index:
+            view.runs[-1] = range(last.start, index + 1)
+        else:
+            view.add(index, index + 1)
+    assert list(view) == entries
+    return view
+
+
 def written_out(items: list[Any]) -> bytes:
     """The messages as `Dialect.body_with` writes them: the client's bytes as they are."""
     return orjson.dumps([orjson.Fragment(i) if isinstance(i, bytes) else i for i in items])
@@ -184,7 +200,8 @@ def test_the_view_by_segments_is_the_view_message_by_message(
         kept = copy.deepcopy(parsed.items)
         entries = data.draw(views(parsed))
         whole = list(enumerate(parsed.messages))
-        for shown in (entries, whole, whole[:-1]):
+        by_runs = as_view(parsed.messages, entries)
+        for shown in (entries, by_runs, whole, whole[:-1]):
             for breakpoints in (False, True):
                 items = view_items(parsed, shown, breakpoints)
                 plain = plain_view_items(parsed, shown, breakpoints)

@@ -1,19 +1,23 @@
 """A dialect writes a view of `policies.render_entries` by its runs (`policies.View`): the
 body is byte for byte the one it writes of the same entries a step per message, for chat
-completions and the Responses API (proxy/dialects/base.py)."""
+completions and the Responses API (proxy/dialects/base.py); and a turn counts it by its runs
+as it counts those entries (`Turn.tokens`)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import Chain, Plan, Summary, render_entries
+from proxy.compaction.turn import Turn
 from proxy.dialects.base import Dialect
 from proxy.dialects.openai.chat import Chat
 from proxy.dialects.openai.responses import Responses
 from proxy.errors import InvalidRequest
+from proxy.models.tokens import counter_for
 from tests.conftest import examples
 from tests.conversations import conversations
 from tests.test_raw_items import written
@@ -57,6 +61,11 @@ def test_a_view_is_written_by_its_runs_as_a_step_per_message_writes_it(
             return  # a history the API refuses (some of `histories` are)
     messages = parsed.messages
     plan = data.draw(plans(messages))
+    counter = counter_for("gpt-4o")
+    counts = [counter.message(message) for message in messages]
+    request, limits = SimpleNamespace(messages=messages), SimpleNamespace(counter=counter)
+    turn = Turn(request, limits, None, 3, counts, Chain.of(messages), None, None)  # type: ignore[arg-type]
     for role in ("user", "assistant"):
         view = render_entries(messages, plan, summary_role=role)
         assert dialect.render(parsed, view) == dialect.render(parsed, list(view))
+        assert turn.tokens(view) == turn.tokens(list(view))

@@ -112,11 +112,15 @@ class Turn:
 
     def tokens(self, entries: Entries) -> int:
         """Tokens of the view `entries` (`policies.render_entries`); a message it shows as the
-        request has it is not counted again."""
+        request has it is not counted again (a `View`'s runs of them: a sum of their counts)."""
         messages, counts = self.request.messages, self.counts
         message_tokens = self.limits.counter.message
         total = self.fixed
-        for index, message in entries:
+        for entry in entries.runs if isinstance(entries, policies.View) else entries:
+            if isinstance(entry, range):
+                total += sum(counts[entry.start : entry.stop])
+                continue
+            index, message = entry
             if index is not None and message is messages[index]:
                 total += counts[index]
             else:

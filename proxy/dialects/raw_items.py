@@ -146,7 +146,7 @@ class KnownItems:
             split = split._replace(raw=ItemBytes(prefix, offsets, []))  # runs cut in one piece
             marks = prefix.count(self.marks) if self.marks else 0
             known = _known(prefix, _values(before), offsets, split, _strings(prefix), marks)
-            self.bodies.add(known, raw)
+            self.bodies.add(known)
         if split is not None and self.marks:
             split = split._replace(marks=raw.count(self.marks))
         return split
@@ -180,7 +180,7 @@ class KnownItems:
             quotes = known.quotes + sum(map(_strings, spans))
             marks = known.marks + raw.count(self.marks, len(known.prefix), end) if self.marks else 0
             later = _known(raw[:end], known.before, offsets, split, quotes, marks)
-            self.bodies.replace(known, later, raw)
+            self.bodies.replace(known, later)
         return split
 
     def _split(
@@ -294,11 +294,7 @@ class KnownBodies:
     """The bodies read last, found by their first `head` bytes (several sessions may begin
     alike: a shared system prompt), at most `per_head` a head and about `max_bytes` of memory
     in all, their bytes and what is kept of their items (or the one body read last, if
-    larger), the least recently used dropped first.
-
-    The body last looked up, and what was found of it, are kept by its identity: a body is
-    looked up more than once (a Responses body by its prescan, its split, then the prescan
-    again), and each look-up compares the whole history's bytes."""
+    larger), the least recently used dropped first."""
 
     def __init__(self, *, head: int = 256, per_head: int = 32, max_bytes: int = 8 << 20) -> None:
         self.head = head
@@ -306,25 +302,15 @@ class KnownBodies:
         self.max_bytes = max_bytes
         self.held = 0
         self._by_head: dict[bytes, list[_Known]] = {}
-        self._found: tuple[bytes, _Known | None] = (b"", None)  # what `find` says of a body
 
     def find(self, raw: bytes) -> _Known | None:
         """A body `raw` begins with, up to the end of its last item (and goes on after)."""
-        last, found = self._found
-        if raw is last:
-            return found
         for known in self._by_head.get(raw[: self.head]) or ():
             if len(known.prefix) < len(raw) and raw.startswith(known.prefix):
-                found = known
-                break
-        else:
-            found = None
-        self._found = (raw, found)
-        return found
+                return known
+        return None
 
-    def add(self, known: _Known, read: bytes = b"") -> None:
-        """`known`, read from the body `read` (if given: what `find` finds of it from now)."""
-        self._found = (b"", None)  # what is found may change
+    def add(self, known: _Known) -> None:
         if len(known.prefix) < self.head:
             return
         head = known.prefix[: self.head]
@@ -342,17 +328,15 @@ class KnownBodies:
             self.held -= others.pop().size
             if not others:
                 del self._by_head[oldest]
-        if read:  # it begins with `known`, the first body of its head
-            self._found = (read, known)
 
-    def replace(self, old: _Known, new: _Known, read: bytes = b"") -> None:
-        """`new`, a later turn of `old`'s body (read from `read`, if given), in its place."""
+    def replace(self, old: _Known, new: _Known) -> None:
+        """`new`, a later turn of `old`'s body, in its place."""
         head = old.prefix[: self.head]
         bodies = self._by_head.get(head, [])
         if any(known is old for known in bodies):
             self._by_head[head] = [known for known in bodies if known is not old]
             self.held -= old.size
-        self.add(new, read)
+        self.add(new)
 
 
 class _Refused(Exception):

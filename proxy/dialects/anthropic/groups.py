@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from policies import Message
+from policies.plan import View
 from proxy.dialects.anthropic.blocks import rebuilt
 from proxy.dialects.anthropic.request import Spans
 from proxy.dialects.anthropic.segments import Segment, add_run
@@ -123,9 +124,17 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
     segments, shown = build.segments, build.shown
     start = stop = 0  # the canonical messages shown unchanged, not handed over yet
     floor = 0  # the least index the next entry may have
-    for index, message in entries:
-        if index == stop and message is messages[index]:  # most entries: the run goes on
-            stop += 1
+    # A `View`'s runs of messages shown as they are (ranges) go as one entry each.
+    for entry in entries.runs if isinstance(entries, View) else entries:
+        index: int | None
+        if isinstance(entry, range):
+            index, end, message, same = entry.start, entry.stop, messages[entry.start], True
+        else:
+            index, message = entry
+            end = 0 if index is None else index + 1
+            same = index is not None and message is messages[index]
+        if index == stop and same:  # most entries: the run goes on
+            stop = end
             continue
         if start < stop:
             floor = stop
@@ -144,8 +153,8 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
             start = stop = floor
         elif index < floor:
             return None
-        elif message is messages[index]:
-            start, stop = index, index + 1
+        elif same:
+            start, stop = index, end
         else:
             build.edit(index, message)
             start = stop = floor = index + 1
