@@ -200,8 +200,8 @@ def test_the_view_by_segments_is_the_view_message_by_message(
         kept = copy.deepcopy(parsed.items)
         entries = data.draw(views(parsed))
         whole = list(enumerate(parsed.messages))
-        by_runs = as_view(parsed.messages, entries)
-        for shown in (entries, by_runs, whole, whole[:-1]):
+        shown_as = [entries, whole, whole[:-1]]
+        for shown in [*shown_as, *(as_view(parsed.messages, view) for view in shown_as)]:
             for breakpoints in (False, True):
                 items = view_items(parsed, shown, breakpoints)
                 plain = plain_view_items(parsed, shown, breakpoints)

@@ -17,6 +17,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+from policies.plan import View
 from proxy.dialects.anthropic import segments as seg
 from proxy.dialects.anthropic.blocks import thinking_turn
 from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
@@ -33,9 +34,7 @@ def view_items(parsed: Parsed, entries: Entries, breakpoints: bool) -> list[Any]
     unchanged (its body goes as the client sent it)."""
     natives = parsed.items
     last_edit = -1  # the native message of the view's last edited message
-    whole = len(entries) == len(parsed.messages) and all(
-        map(operator.is_, map(operator.itemgetter(1), entries), parsed.messages)
-    )
+    whole = _whole(parsed.messages, entries)
     segments: list[Segment]
     if whole:
         segments = [range(len(natives))] if natives else []
@@ -52,6 +51,25 @@ def view_items(parsed: Parsed, entries: Entries, breakpoints: bool) -> list[Any]
     if segments == ([range(len(natives))] if natives else []):
         return None  # nothing changed, nothing added
     return _as_sent(parsed, segments)
+
+
+def _whole(messages: Sequence[Any], entries: Entries) -> bool:
+    """Whether the view shows every message as it is, in order (a `View` by its runs)."""
+    if not isinstance(entries, View):
+        return len(entries) == len(messages) and all(
+            map(operator.is_, map(operator.itemgetter(1), entries), messages)
+        )
+    at = 0
+    for run in entries.runs:
+        if isinstance(run, range):
+            if run.start != at:
+                return False
+            at = run.stop
+        elif run[0] != at or at >= len(messages) or run[1] is not messages[at]:
+            return False
+        else:
+            at += 1
+    return at == len(messages)
 
 
 def _moved(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int]:
