@@ -169,6 +169,20 @@ class View(Sequence[tuple[int | None, Message]]):
             view.add(start, run.stop)
         return view
 
+    def shows_all(self) -> bool:
+        """Whether the view is every message as it is, in order (read from its runs)."""
+        messages, at = self.messages, 0
+        for run in self.runs:
+            if isinstance(run, range):
+                if run.start != at:
+                    return False
+                at = run.stop
+            elif run[0] != at or at >= len(messages) or run[1] is not messages[at]:
+                return False
+            else:
+                at += 1
+        return at == len(messages)
+
     @property
     def entries(self) -> list[tuple[int | None, Message]]:
         if self._entries is None:

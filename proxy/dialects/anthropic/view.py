@@ -54,22 +54,12 @@ def view_items(parsed: Parsed, entries: Entries, breakpoints: bool) -> list[Any]
 
 
 def _whole(messages: Sequence[Any], entries: Entries) -> bool:
-    """Whether the view shows every message as it is, in order (a `View` by its runs)."""
-    if not isinstance(entries, View):
-        return len(entries) == len(messages) and all(
-            map(operator.is_, map(operator.itemgetter(1), entries), messages)
-        )
-    at = 0
-    for run in entries.runs:
-        if isinstance(run, range):
-            if run.start != at:
-                return False
-            at = run.stop
-        elif run[0] != at or at >= len(messages) or run[1] is not messages[at]:
-            return False
-        else:
-            at += 1
-    return at == len(messages)
+    """Whether the view shows every message as it is, in order."""
+    if isinstance(entries, View):
+        return entries.shows_all()
+    return len(entries) == len(messages) and all(
+        map(operator.is_, map(operator.itemgetter(1), entries), messages)
+    )
 
 
 def _moved(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int]:
