@@ -8,6 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
+# make serve CONFIG=my.yaml: another config file
+CONFIG ?= config.yaml
 
 .PHONY: serve test test-quick test-docker lint bench docker-smoke agents-e2e lock
 
@@ -27,7 +29,7 @@ $(STAMP): $(RUNTIME) requirements/dev.txt
 	touch $(STAMP)
 
 serve: $(RUNTIME)
-	$(BIN)/compaction-proxy serve --config config.yaml
+	$(BIN)/compaction-proxy serve --config $(CONFIG)
 
 lint: $(STAMP)
 	$(BIN)/ruff check proxy policies tests bench

@@ -444,7 +444,7 @@ def problems(text: str) -> list[str]:
         ),
         (
             MINIMAL + "  two:\n    base_url: http://127.0.0.1:9/v1\n",
-            "default_upstream: names no upstream: ''",
+            "default_upstream: is required with more than one upstream (fake, two)",
         ),
     ],
 )

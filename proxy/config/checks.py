@@ -96,7 +96,14 @@ def _check_upstreams(config: Config, p: Problem) -> None:
             p(("upstreams", name, "max_answer_bytes"), "must be at least 1024")
         _check_proxy(name, upstream, p)
     if isinstance(config.default_upstream, str):
-        if config.default_upstream not in config.upstreams:
+        if not config.default_upstream:
+            names = ", ".join(config.upstreams)
+            p(
+                ("default_upstream",),
+                f"is required with more than one upstream ({names}): the one every API goes "
+                "to, or one per API ({chat: NAME, responses: NAME, messages: NAME})",
+            )
+        elif config.default_upstream not in config.upstreams:
             p(("default_upstream",), f"names no upstream: {config.default_upstream!r}")
         return
     for dialect, name in config.default_upstream.items():
