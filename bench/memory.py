@@ -54,7 +54,7 @@ from proxy.config import loads
 from proxy.dialects import Usage
 from proxy.dialects.openai.chat import Chat
 from proxy.memo import content_keys
-from proxy.models.calibration import Calibration
+from proxy.models.calibration import Calibration, Counting
 from proxy.observability.metrics import Metrics
 from proxy.server.app import Proxy, create_app
 from proxy.sessions.cache_usage import CacheLedger
@@ -71,6 +71,8 @@ SESSION_TOKENS = 200_000
 SUMMARY_TOKENS = 2_000
 EVERY = 5  # one request every EVERY assistant turns
 PREFIX = "cpbench"
+# What the ledgers' ratios are learnt for, one object each (as `Limits` holds it).
+EXACT, ESTIMATED = Counting(f"o200k_base:{MODEL}", True), Counting(f"estimate:{MODEL}", False)
 
 
 # -- 1. Redis bytes per session ---------------------------------------------------------------
@@ -205,7 +207,7 @@ upstreams:
         for i in range(start, end):
             key = session_key("bench", str(i))
             await store.compare_and_set(key, 0, bytearray(state))
-            proxy.calibration.observe(key, 1050, 1000, exact=True)
+            proxy.calibration.observe(key, EXACT, 1050, 1000)
 
     done = 0
     for count in counts:
@@ -296,7 +298,7 @@ def ledger_bytes(count: int) -> dict[str, float]:
     def calibration(keys: list[str]) -> Calibration:
         ratios = Calibration(count)
         for key in keys:
-            ratios.observe(key, 1_234, 1_000, exact=False)
+            ratios.observe(key, ESTIMATED, 1_234, 1_000)
         return ratios
 
     def counted(keys: list[str]) -> dict[str, Counted]:

@@ -20,6 +20,7 @@ from policies.chain import chain_digest
 from proxy.config import Store
 
 V = TypeVar("V")
+K = TypeVar("K", bound=Hashable)
 DEFAULT_MAX_SESSIONS = Store.max_sessions
 
 
@@ -146,7 +147,7 @@ class MessageDigests:
         return self.memo.each(messages, chain_digest, keys)
 
 
-def make_room(entries: dict[str, Any], key: str, max_sessions: int) -> None:
+def make_room(entries: dict[K, Any], key: K, max_sessions: int) -> None:
     """Before `key` is put in `entries`: if it is new and they are full, the oldest goes."""
     if key not in entries and len(entries) >= max_sessions:
         del entries[next(iter(entries))]

@@ -3,8 +3,12 @@ proxy's estimate is far off for, and never lets an exactly counted prompt over i
 
 from __future__ import annotations
 
-from proxy.models.calibration import MAX_RATIO, Calibration
-from tests.harness import harness
+import copy
+
+import pytest
+
+from proxy.models.calibration import MAX_RATIO, Calibration, Counting
+from tests.harness import MODEL, harness
 
 IMAGE = {"type": "image_url", "image_url": {"url": "https://x.test/photo.png"}}
 CJK = "压缩代理保持长对话在上下文窗口内"  # ~1.2 tokens a character; chars/4 says 0.25
@@ -56,16 +60,49 @@ def test_an_estimated_count_converges_on_cjk_text() -> None:
         assert ratio is not None and 3 < ratio < MAX_RATIO
 
 
+def test_a_ratio_learnt_for_one_model_applies_to_no_other() -> None:
+    """One session id for two models (a client that switches, or reuses its id): the ratio
+    learnt for the estimated one (CJK text: about 4) scales the exactly counted one's budget
+    neither in this replica nor, stored with the session, in another, where it still serves
+    the model it was learnt for."""
+    models = [
+        {"match": ESTIMATED, "context_window": 8192, "counting": "estimate"},
+        {"match": MODEL, "context_window": 8192},
+    ]
+    with harness(models=models, replicas=2) as h:
+        estimated = h.conversation("mixed", model=ESTIMATED)
+        for turn in range(12):
+            headers = estimated.say(cjk_turn(turn) * 6)
+            if headers["x-compaction-action"] == "compacted":
+                break
+        assert headers["x-compaction-action"] == "compacted"  # the ratio is stored with it
+        learnt = float(headers["x-compaction-count-ratio"])
+        assert learnt > 3
+        for server in (0, 1):
+            exact = h.conversation("mixed", server=server, model=MODEL)
+            exact.messages = copy.deepcopy(estimated.messages)
+            headers = exact.say(cjk_turn(100 + server))
+            assert "x-compaction-count-ratio" not in headers
+            after = int(headers["x-compaction-tokens-after"])
+            assert after == pytest.approx(exact.usage[-1], rel=0.02)  # the exact count
+        other = h.conversation("mixed", server=1, model=ESTIMATED)
+        other.messages = copy.deepcopy(estimated.messages)
+        ratio = float(other.say(cjk_turn(200))["x-compaction-count-ratio"])
+        assert ratio == pytest.approx(learnt, rel=0.01)
+
+
 def test_a_higher_ratio_is_taken_at_once_and_a_lower_one_approached() -> None:
     calibration = Calibration()
-    calibration.observe("s", 400, 100, exact=False)
-    assert calibration.effective("s", None, exact=False) == 4.0
-    calibration.observe("s", 100, 100, exact=False)
-    assert calibration.effective("s", None, exact=False) == 2.0  # half way, in log space
-    calibration.observe("s", 800, 100, exact=False)
-    assert calibration.effective("s", None, exact=False) == 8.0
+    estimated, exact = Counting("estimate:local-llama", False), Counting("o200k_base:gpt-4o", True)
+    calibration.observe("s", estimated, 400, 100)
+    assert calibration.effective("s", estimated, None) == 4.0
+    calibration.observe("s", estimated, 100, 100)
+    assert calibration.effective("s", estimated, None) == 2.0  # half way, in log space
+    calibration.observe("s", estimated, 800, 100)
+    assert calibration.effective("s", estimated, None) == 8.0
+    assert calibration.effective("s", exact, None) == 1.0  # another model's: not this one's
     # Exactly counted: never under 1, whatever was stored.
-    calibration.observe("t", 50, 100, exact=True)
-    assert calibration.effective("t", None, exact=True) == 1.0
-    assert calibration.effective("u", 0.5, exact=True) == 1.0
-    assert calibration.effective("u", 0.5, exact=False) == 0.5
+    calibration.observe("t", exact, 50, 100)
+    assert calibration.effective("t", exact, None) == 1.0
+    assert calibration.effective("u", exact, 0.5) == 1.0
+    assert calibration.effective("u", estimated, 0.5) == 0.5

@@ -12,11 +12,13 @@ no summary for a target that small."""
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -30,6 +32,7 @@ from tests.servers import proxy_server
 
 MODEL = "claude-32k"
 WINDOW = 32_768
+SMALL, SMALL_WINDOW = "claude-small", 8000
 KEY = "sk-ant-api03-test"
 SAFETY_MARGIN = 256  # the policy's default safety_margin_tokens
 SYSTEM = "You are a careful build engineer. " + words(2500, 1)  # ~3k tokens: over what is left
@@ -38,14 +41,17 @@ SYSTEM = "You are a careful build engineer. " + words(2500, 1)  # ~3k tokens: ov
 def config(up: FakeAnthropic, **policy: Any) -> Any:
     data = {
         "upstreams": {"claude": {"base_url": up.base_url + "/v1", "kind": "anthropic"}},
-        "models": [{"match": MODEL, "context_window": WINDOW}],
+        "models": [
+            {"match": MODEL, "context_window": WINDOW},
+            {"match": SMALL, "context_window": SMALL_WINDOW},
+        ],
     }
     return loads(yaml.safe_dump(merged(data, {"policies": {"default": policy}} if policy else {})))
 
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic(windows={MODEL: WINDOW}) as fake:
+    with FakeAnthropic(windows={MODEL: WINDOW, SMALL: SMALL_WINDOW}) as fake:
         yield fake
 
 
@@ -175,6 +181,54 @@ def test_a_short_estimate_still_ends_in_the_reactive_lowering(up: FakeAnthropic)
         assert lowered_metric(proxy) == (1, 1)
 
 
+def measurements(seed: int) -> str:
+    """A tool's output of random floats: the proxy's estimate (chars/4) counts it at about
+    three fifths of what the upstream does."""
+    draw = random.Random(seed)
+    return "\n".join(str(draw.random()) for _ in range(150))
+
+
+ASK = "Please analyse these measurement files and tell me the trend."
+
+
+def measured(reads: int) -> list[dict[str, Any]]:
+    """A user's turn, then `reads` tool calls and their results (Messages)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
+    for read in range(reads):
+        call = {"type": "tool_use", "id": f"toolu_{read:04d}", "name": "read", "input": {}}
+        result = {"type": "tool_result", "tool_use_id": call["id"], "content": measurements(read)}
+        messages += [
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]},
+        ]
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fresh_sessions_first_overflow_is_sent_again_by_the_upstreams_count(
+    up: FakeAnthropic, stream: bool
+) -> None:
+    """A new session (nothing calibrated) of a prompt the estimate counts at three fifths:
+    max_tokens lowered by that estimate overflows, and the request compacted harder goes with
+    a max_tokens reckoned by the upstream's own count of the prompt it refused, and passes."""
+    tools = [{"name": "read", "input_schema": {"type": "object"}}]
+    body = {"model": SMALL, "max_tokens": 32_000, "tools": tools, "messages": measured(6)}
+    assert up.count(body) > SMALL_WINDOW
+    with (
+        proxy_server(config(up)) as proxy,
+        anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0, timeout=60) as client,
+    ):
+        raw = client.messages.with_raw_response.create(
+            **body, stream=stream, extra_headers={"x-session-id": "fresh-" + str(stream)}
+        )
+        assert raw.http_response.status_code == 200
+        assert raw.headers["x-compaction-overflow"] == "compacted"
+        first, retried = sent(up)
+        assert up.count(retried) + retried["max_tokens"] <= SMALL_WINDOW
+        assert retried["max_tokens"] == int(raw.headers["x-compaction-max-tokens"])
+        assert up.count(first) > up.count(retried)
+
+
 def test_never_lowered_under_shadow_mode(up: FakeAnthropic) -> None:
     body = request(max_tokens=128_000)
     with (
@@ -206,11 +260,15 @@ CHAT_WINDOW = 16_384
 
 
 def chat_config(
-    upstream: FakeUpstream, model: str, overflow: str = "lower", **settings: Any
+    upstream: FakeUpstream,
+    model: str,
+    overflow: str = "lower",
+    window: int = CHAT_WINDOW,
+    **settings: Any,
 ) -> Any:
     data = {
         "upstreams": {"openai": {"base_url": upstream.base_url}},
-        "models": [{"match": model, "context_window": CHAT_WINDOW, **settings}],
+        "models": [{"match": model, "context_window": window, **settings}],
         "policies": {"default": {"max_tokens_overflow": overflow}},
     }
     return loads(yaml.safe_dump(data))
@@ -255,6 +313,38 @@ def test_chat_completions_lowered_from_openais_own_words() -> None:
         assert lowered < first.json["max_tokens"] < 16_000
         assert retried.json == {**body, "max_tokens": lowered}
         assert lowered_metric(proxy) == (1, 1)
+
+
+def test_chat_completions_first_overflow_sent_again_by_openais_count() -> None:
+    """Claude Code's pattern against an estimated chat model, in a new session: the retry
+    compacted harder asks for a max_tokens that fits beside the prompt as OpenAI counts it."""
+    model, window = "gpt-4o", 8000
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
+    for read in range(6):
+        call = {"id": f"call_{read}", "type": "function"}
+        call["function"] = {"name": "read", "arguments": "{}"}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": measurements(read)},
+        ]
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    with (
+        FakeUpstream(windows={model: window}) as upstream,
+        proxy_server(chat_config(upstream, model, window=window, counting="estimate")) as proxy,
+        openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0) as client,
+    ):
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            max_tokens=6000,
+            messages=messages,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            extra_headers={"x-session-id": "fresh"},
+        )
+        assert raw.http_response.status_code == 200
+        assert raw.headers["x-compaction-overflow"] == "compacted"
+        first, retried = upstream.requests
+        assert retried.json["max_tokens"] == int(raw.headers["x-compaction-max-tokens"])
+        assert len(retried.json["messages"]) < len(first.json["messages"])
 
 
 @pytest.mark.parametrize("policy", ["lower", "relay"])

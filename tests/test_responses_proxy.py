@@ -171,8 +171,10 @@ def test_history_held_upstream_goes_unchanged(
         labels = {"dialect": "responses", "reason": "previous_response_id"}
         assert metric(http, server, "compaction_proxy_held_upstream_total", **labels) == 1
         # The upstream counted history the proxy never saw: no calibration from it.
-        calibration = server.server.config.app.state.proxy.compactor.calibration
-        assert calibration.ratio(response.headers["x-compaction-session"]) is None
+        proxy = server.server.config.app.state.proxy
+        counting = proxy.limits.limits("small-8k").counting
+        key = response.headers["x-compaction-session"]
+        assert proxy.compactor.calibration.ratio(key, counting) is None
 
 
 def test_usage_is_counted_with_what_the_cache_served(

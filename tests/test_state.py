@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import Chain, Plan, Summary
+from proxy.models.calibration import Counting
 from proxy.sessions.cache_usage import CacheFigures, CacheUsage
 from proxy.sessions.state import (
     MAX_MEMORY,
@@ -67,6 +68,7 @@ states = st.builds(
     calibration=st.none() | st.floats(0.5, 2.0),
     pending=st.none() | text,
     prompt_cache=st.none() | cache_usages,
+    calibrated_for=st.none() | text,
 )
 
 
@@ -75,7 +77,16 @@ def test_state_round_trips_through_bytes(state: SessionState) -> None:
     assert SessionState.from_bytes(state.to_bytes()) == state
 
 
-FIELDS = ("branches", "prepared", "decisions", "memory", "calibration", "pending", "prompt_cache")
+FIELDS = (
+    "branches",
+    "prepared",
+    "decisions",
+    "memory",
+    "calibration",
+    "pending",
+    "prompt_cache",
+    "calibrated_for",
+)
 
 
 @given(st.dictionaries(st.sampled_from(FIELDS), json_values) | json_values)
@@ -91,6 +102,7 @@ def test_a_record_is_a_usable_state_or_refused(raw: Any) -> None:
     )
     assert state.calibration is None or state.calibration > 0
     assert state.pending is None or isinstance(state.pending, str)
+    assert state.calibrated_for is None or isinstance(state.calibrated_for, str)
     assert all(isinstance(d, dict) for d in state.decisions)
     assert all(isinstance(m, dict) and isinstance(m.get("text"), str) for m in state.memory)
     if state.prepared is not None:
@@ -101,6 +113,21 @@ def test_a_record_is_a_usable_state_or_refused(raw: Any) -> None:
     state.branch(chain)
     state.with_memory([{"kind": "fact", "text": "I am here.", "confidence": 0.6}])
     assert SessionState.from_bytes(state.to_bytes()) == state
+
+
+def test_a_calibration_serves_only_what_it_was_learnt_for() -> None:
+    """A ratio is stored with the name of what it was learnt for; one of a record written
+    before it said (the previous version's, as it writes them still beside this one) may be
+    any model's: loaded, kept, but taken by no request."""
+    llama, gpt = Counting("estimate:local-llama", False), Counting("o200k_base:gpt-4o", True)
+    state = SessionState().with_calibration(2.5, llama)
+    assert state.to_dict()["calibrated_for"] == "estimate:local-llama"
+    again = SessionState.from_bytes(state.to_bytes())
+    assert (again.ratio_for(llama), again.ratio_for(gpt)) == (2.5, None)
+    assert again.with_calibration(None, gpt) == again  # nothing learnt: the stored one stays
+    older = SessionState.from_bytes(b'{"v": 1, "branches": [], "calibration": 2.5}')
+    assert older.calibration == 2.5 and older.ratio_for(llama) is None
+    assert "calibrated_for" not in older.to_dict()  # written as the previous version does
 
 
 def test_garbage_is_refused() -> None:

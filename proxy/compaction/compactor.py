@@ -138,8 +138,8 @@ class Compactor:
 
     def calibrate(self, request: ClientRequest, forward: Forward, upstream_tokens: int) -> None:
         """The upstream counted `upstream_tokens` for what was forwarded: learn from it."""
-        exact = self.limits.limits(request.parsed.model).counter.mode == "exact"
-        self.calibration.observe(request.key, upstream_tokens, forward.tokens_sent, exact=exact)
+        counting = self.limits.limits(request.parsed.model, request.upstream).counting
+        self.calibration.observe(request.key, counting, upstream_tokens, forward.tokens_sent)
 
     def count_cache(self, request: ClientRequest, usage: Usage) -> None:
         """What the upstream's prompt cache read and wrote for the request: kept with the
@@ -151,8 +151,8 @@ class Compactor:
         if request.window is not None:
             limits = dataclasses.replace(limits, window=request.window)
         loaded = await self.sessions.load(request.key)
-        exact = limits.counter.mode == "exact"
-        ratio = self.calibration.effective(request.key, loaded.state.calibration, exact=exact)
+        stored = loaded.state.ratio_for(limits.counting)
+        ratio = self.calibration.effective(request.key, limits.counting, stored)
         budget = request.budget(limits, ratio)
         messages = request.messages
         keys = request.parsed.keys or content_keys(messages)
@@ -365,19 +365,17 @@ class Compactor:
         ]
         floor = max(1, result.floor_tokens) if short else 0
         branch = Branch(new, turn.chain.prefix(new.covered), time.time(), floor)
-        calibration = self.calibration.ratio(request.key)
+        counting = turn.limits.counting
+        calibration = self.calibration.ratio(request.key, counting)
         decisions = [decision_record(d, shadow=request.shadow) for d in result.decisions]
         candidates = memory_candidates(evicted)
 
         def apply(state: SessionState) -> SessionState:
             state = state.with_branch(branch, turn.chain, self.max_branches)
             state = state.with_decisions(decisions)
-            state = state.with_memory(candidates)
+            state = state.with_memory(candidates).with_calibration(calibration, counting)
             return dataclasses.replace(
-                state,
-                pending=None,
-                prepared=None if new.cut != old.cut else state.prepared,
-                calibration=calibration or state.calibration,
+                state, pending=None, prepared=None if new.cut != old.cut else state.prepared
             )
 
         return await self.sessions.update(request.key, apply, fence=fence, loaded=turn.loaded)

@@ -104,16 +104,15 @@ class ExactCounts:
         not count it in time."""
         request = turn.request
         key = request.key
-        exact_mode = turn.limits.counter.mode == "exact"
+        counting = turn.limits.counting
         plan = _fingerprint(turn.plan)
         found = self._counted.get(key)
         if found is not None and found.extended_by(turn, plan):
-            calibrated = self.calibration.effective(
-                key, turn.loaded.state.calibration, exact=exact_mode
-            )
+            stored = turn.loaded.state.ratio_for(counting)
+            calibrated = self.calibration.effective(key, counting, stored)
             extended = max(1, found.exact + round((tokens - found.tokens) * calibrated))
             self._note("cached", key, tokens, extended)
-            return bounded(extended / tokens, exact=exact_mode)
+            return bounded(extended / tokens, exact=counting.exact)
         upstream = await self._ask(turn, api, body)
         if upstream is None:
             return None
@@ -124,8 +123,8 @@ class ExactCounts:
             request.parsed.model, plan, len(chain), chain.prefix(len(chain)), tokens, upstream
         )
         # An exact count of exactly what is sent: the best calibration there is.
-        self.calibration.observe(key, upstream, tokens, exact=exact_mode)
-        return bounded(upstream / tokens, exact=exact_mode)
+        self.calibration.observe(key, counting, upstream, tokens)
+        return bounded(upstream / tokens, exact=counting.exact)
 
     async def _ask(self, turn: Turn, api: TokenCounting, body: bytes) -> int | None:
         request = turn.request

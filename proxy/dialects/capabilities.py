@@ -103,6 +103,11 @@ class OutputLimits(Dialect):
     def output_overflow(self, payload: bytes) -> OutputOverflow | None:
         """The figures of an overflow error that counts the reserved output (None: not one)."""
 
+    def overflow_prompt(self, payload: bytes) -> int | None:
+        """The upstream's count of the prompt an overflow error refused, when it says it."""
+        figures = self.output_overflow(payload)
+        return None if figures is None else figures.prompt
+
     @abstractmethod
     def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
         """`body` reserving `max_output` output tokens; None when it cannot (the request's own

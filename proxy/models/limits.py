@@ -1,4 +1,5 @@
-"""What a model allows: its context window, its max output and the counter for its tokens.
+"""What a model allows: its context window, its max output and the counter for its tokens
+(and what that counter's calibration is learnt for).
 
 From the config's per-model overrides first, then litellm's model map, then the config's
 default window. A model an upstream of kind litellm renames (`provider_model`) is looked up
@@ -12,6 +13,7 @@ import logging
 from typing import Literal
 
 from proxy.config import Config, Upstream
+from proxy.models.calibration import Counting
 from proxy.models.catalog import ModelCatalog
 from proxy.models.tokens import TokenCounter, counter_for
 
@@ -26,6 +28,7 @@ class Limits:
     window: int
     max_output: int | None
     counter: TokenCounter
+    counting: Counting  # what the counter's calibration is learnt for
     window_source: WindowSource = "config"
 
 
@@ -72,9 +75,8 @@ class ModelLimits:
                     "model not in the config nor the model map: default_context_window used",
                     extra={"model": name[:200], "window": self.config.default_context_window},
                 )
-            found = Limits(
-                window or self.config.default_context_window, max_output, counter, source
-            )
+            window = window or self.config.default_context_window
+            found = Limits(window, max_output, counter, Counting.of(name, counter), source)
             if len(self._limits) < MAX_MEMOISED:
                 self._limits[model, name] = found
         return found

@@ -28,13 +28,22 @@ async def retried(
     compactor: Compactor, request: ClientRequest, forward: Forward, error: bytes
 ) -> Forward | None:
     """What goes upstream again after it said `forward` overflows its window (`error`, its
-    error answer; empty for a stream's): when only the output the request reserved overflowed
-    and the policy says so, with max_tokens lowered to what the window leaves, if that is at
-    least the output its budget reserved; else compacted harder, when that makes the prompt
-    smaller and the output leaves room for a quarter of it; else lowered to whatever is left;
-    None when none of these (the same body would fail again)."""
+    error answer; empty for a stream's), the count calibrated first by the prompt size that
+    error gives: when only the output the request reserved overflowed and the policy says
+    so, with max_tokens lowered to what the window leaves, if that is at least the output
+    its budget reserved; else compacted harder, when that makes the prompt smaller and the
+    output leaves room for a quarter of it; else lowered to whatever is left; None when none
+    of these (the same body would fail again)."""
     dialect = request.dialect
-    figures = dialect.output_overflow(error) if isinstance(dialect, OutputLimits) else None
+    figures: OutputOverflow | None = None
+    prompt: int | None = None
+    if isinstance(dialect, OutputLimits):
+        figures, prompt = dialect.output_overflow(error), dialect.overflow_prompt(error)
+    if prompt is not None:
+        # The upstream's own count of what was sent, as good as an answer's usage: the harder
+        # compaction and the max_tokens it leaves are reckoned by it, not by the guess that
+        # overflowed (in a new session, nothing calibrated, the only try left would fail too).
+        compactor.calibrate(request, forward, prompt)
     if figures is not None and not figures.prompt_fits:
         figures = None  # the prompt alone is over: compacting is the only way
     lowered = _lowered(request, forward, figures)

@@ -12,13 +12,16 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 import policies
 from proxy.memo import make_room
 from proxy.sessions.cache_usage import CacheUsage
+
+if TYPE_CHECKING:
+    from proxy.models.calibration import Counting
 
 MAX_DECISIONS = 50
 MAX_MEMORY = 20
@@ -61,6 +64,19 @@ class SessionState:
     calibration: float | None = None
     pending: str | None = None  # a manual compaction asked for: its instructions ("" = none)
     prompt_cache: CacheUsage | None = None
+    # The name of the `Counting` the calibration was learnt for; None in a record of a version
+    # that did not say, whose ratio may be any model's: no request takes it.
+    calibrated_for: str | None = None
+
+    def ratio_for(self, counting: Counting) -> float | None:
+        """The calibration, when it was learnt for `counting`."""
+        return self.calibration if self.calibrated_for == counting.name else None
+
+    def with_calibration(self, ratio: float | None, counting: Counting) -> SessionState:
+        """The ratio learnt for `counting` in place of the stored one (None: none learnt)."""
+        if ratio is None:
+            return self
+        return dataclasses.replace(self, calibration=ratio, calibrated_for=counting.name)
 
     def branch(self, chain: policies.Chain) -> Branch | None:
         """The branch that covers the longest prefix of this history."""
@@ -85,7 +101,9 @@ class SessionState:
         return dataclasses.replace(self, memory=tuple(merged))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data: what is stored, and what the admin API shows."""
+        """Plain data: what is stored, and what the admin API shows (`calibrated_for` only
+        when known: the record stays as the versions before it wrote it)."""
+        calibrated = {} if self.calibrated_for is None else {"calibrated_for": self.calibrated_for}
         return {
             "branches": [
                 {"plan": b.plan.to_dict(), "chain": b.chain, "used": b.used}
@@ -98,7 +116,7 @@ class SessionState:
             "calibration": self.calibration,
             "pending": self.pending,
             "prompt_cache": self.prompt_cache.to_dict() if self.prompt_cache else None,
-        }
+        } | calibrated
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({"v": 1, **self.to_dict()}, option=orjson.OPT_NON_STR_KEYS)
@@ -126,8 +144,9 @@ class SessionState:
                 decisions=tuple(_expect(d, dict) for d in raw.get("decisions") or ()),
                 memory=tuple(_expect(m, dict) for m in raw.get("memory") or ()),
                 calibration=None if calibration is None else _ratio(calibration),
-                pending=None if raw.get("pending") is None else _expect(raw["pending"], str),
+                pending=_optional(raw.get("pending"), str),
                 prompt_cache=CacheUsage.from_dict(prompt_cache) if prompt_cache else None,
+                calibrated_for=_optional(raw.get("calibrated_for"), str),
             )
             for memory in state.memory:
                 _expect(memory.get("text"), str)
@@ -143,6 +162,10 @@ def _expect(value: Any, kind: type[T]) -> T:
     if not isinstance(value, kind):
         raise TypeError(f"expected {kind.__name__}")
     return value
+
+
+def _optional(value: Any, kind: type[T]) -> T | None:
+    return None if value is None else _expect(value, kind)
 
 
 def _ratio(value: Any) -> float:

@@ -55,6 +55,7 @@ OVERFLOW = ("prompt is too long", "input length and `max_tokens` exceed context 
 _OUTPUT_OVERFLOW = re.compile(
     r"^input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)"
 )
+_PROMPT_OVERFLOW = re.compile(r"^prompt is too long: (\d+) tokens > \d+ maximum")
 SESSION_HEADER = "x-claude-code-session-id"
 # A Claude Code sub-agent sends its parent's session id and its own agent id: a conversation
 # of its own, in parallel with its parent's.
@@ -181,6 +182,11 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage, 
     def output_overflow(self, payload: bytes) -> OutputOverflow | None:
         found = _OUTPUT_OVERFLOW.match(error_field(payload, "message") or "")
         return None if found is None else OutputOverflow(*map(int, found.groups()))
+
+    def overflow_prompt(self, payload: bytes) -> int | None:
+        # The prompt alone over the window is told in words of its own.
+        found = _PROMPT_OVERFLOW.match(error_field(payload, "message") or "")
+        return super().overflow_prompt(payload) if found is None else int(found.group(1))
 
     def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
         request = orjson.loads(body)
