@@ -656,11 +656,16 @@ def test_a_relayed_compact_goes_to_the_upstream_of_its_model(
         (request,) = provider.requests
         assert request.path == "/v1/responses/compact"
         assert request.headers["Authorization"] == "Bearer sk-test"
+        # Its answer says its session (that of the conversation's turns) and that the proxy
+        # changed nothing.
+        turn = posted(server, RESPONSES, body)
+        assert compacted.headers["x-compaction-session"] == turn.headers["x-compaction-session"]
+        assert compacted.headers["x-compaction-action"] == "none"
         # A model of the local server's: there (which has no compact endpoint).
         body = {"model": "local/qwen", "input": history(1)}
         assert posted(server, RESPONSES + "/compact", body).status_code == 404
         assert [r.path for r in up.requests] == ["/v1/responses/compact"]
-        assert len(provider.requests) == 1
+        assert len(provider.requests) == 2  # the compact and the turn
     up.reset()
 
 

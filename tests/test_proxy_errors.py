@@ -125,6 +125,21 @@ def test_no_first_byte_in_time_is_a_504(
         assert upstream.wait_for(lambda: upstream.cancelled == 2)
 
 
+def test_a_turn_that_cannot_fit_says_its_session_and_the_refusal(
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+) -> None:
+    body = {"model": "gpt-4", "messages": [{"role": "user", "content": "word " * 20_000}]}
+    refused = http.post(server.url + CHAT, json=body, headers={"x-session-id": "s-refused"})
+    assert check_error(refused, 400)["code"] == "context_length_exceeded"
+    assert refused.headers["x-compaction-action"] == "refused"
+    assert refused.headers["x-compaction-store"] == "ok"
+    assert int(refused.headers["x-compaction-tokens-before"]) > 20_000
+    body["messages"] = HELLO
+    answered = http.post(server.url + CHAT, json=body, headers={"x-session-id": "s-refused"})
+    assert refused.headers["x-compaction-session"] == answered.headers["x-compaction-session"]
+    assert upstream.requests == [upstream.requests[-1]]  # only the second went
+
+
 @pytest.mark.parametrize(
     ("method", "path"), [("GET", "/"), ("GET", "/foo"), ("POST", "/v2/chat/completions")]
 )

@@ -63,6 +63,7 @@ _UPSTREAM_COMPACT_PATH = COMPACT_PATH.removeprefix("/v1")
 TRIGGER = COMPACTION_TRIGGER
 ACTION = "provider_compaction"  # the x-compaction-action of a provider compaction
 _SHADOWED = [("x-compaction-action", shown_action(ACTION, shadow=True)), SHADOW_HEADER]
+_RELAYED = [("x-compaction-action", "none")]  # the upstream compacts: the proxy changed nothing
 
 
 class ProviderCompaction:
@@ -127,7 +128,8 @@ class ProviderCompaction:
         read = self._expanded(self._routed(request, raw))
         if not read.serves:
             # Under shadow mode the headers say what the proxy would have done.
-            own = _SHADOWED if read.shadow and read.policy.provider_compaction == "serve" else []
+            shadowed = read.shadow and read.policy.provider_compaction == "serve"
+            own = [*self._session(request, read), *(_SHADOWED if shadowed else _RELAYED)]
             return await self.relay(request, read.upstream, _UPSTREAM_COMPACT_PATH, read.raw, own)
         served = await self._serve(request, read, read.items)
         self._count("compact", served)
@@ -148,6 +150,16 @@ class ProviderCompaction:
             raise InvalidRequest(str(exc), param="model") from None
         shadow = self.handler.shadow(headers.get(self.config.sessions.shadow_header), policy)
         return _Read(raw, body, items, tenant, policy, upstream, shadow)
+
+    def _session(self, request: Request, read: _Read) -> Headers:
+        """The session header of a compact relayed, as its `/v1/responses` turns have it;
+        none when the proxy cannot read its history (the upstream judges it)."""
+        try:
+            parsed = self.dialect.parse(read.raw)
+        except InvalidRequest:
+            return []
+        key = self.handler.client_request(request.headers, read.tenant, parsed).key
+        return [("x-compaction-session", key)]
 
     def _owner(self, read: _Read) -> str:
         """Whom an item is bound to: the inbound key's id where `auth.keys` names callers (an
