@@ -21,7 +21,7 @@ from proxy.observability.logs import JsonFormatter
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import UpstreamResponse
 from proxy.upstream.client import UpstreamClient
-from tests.conftest import ConfigFactory, captured, config_for, examples, metric
+from tests.conftest import SDK, ConfigFactory, captured, config_for, examples, metric
 from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -68,6 +68,25 @@ def test_bad_requests_get_a_400(
     error = check_error(response, 400)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/responses"])
+@pytest.mark.parametrize("stream", ["false", "yes", 0, {}])
+def test_a_stream_flag_that_is_no_boolean_is_a_400_as_openai_answers_it(
+    sdk: SDK, server: ServerThread, upstream: FakeUpstream, path: str, stream: Any
+) -> None:
+    fields = {"model": "small-8k", "stream": stream}
+    fields |= {"messages": HELLO} if path == CHAT else {"input": "hi"}
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(server, []).post(path.removeprefix("/v1"), body=fields, cast_to=object)
+    got = "a string" if isinstance(stream, str) else "an object" if stream == {} else "a number"
+    assert refused.value.body == {
+        "message": f"Invalid type for 'stream': expected a boolean, but got {got} instead.",
+        "type": "invalid_request_error",
+        "param": "stream",
+        "code": "invalid_type",
+    }
     assert upstream.requests == []
 
 

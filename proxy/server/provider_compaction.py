@@ -36,7 +36,7 @@ from proxy.compaction.forward import SHADOW_HEADER, shown_action
 from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import Dialect
-from proxy.dialects.json_checks import load_object
+from proxy.dialects.json_checks import load_object, optional_bool
 from proxy.dialects.openai import responses_answers as answers
 from proxy.dialects.openai.responses import (
     COMPACTION_TRIGGER,
@@ -213,7 +213,7 @@ class ProviderCompaction:
         the compaction item, streamed when the request streams."""
         self._count("trigger", served)
         response = answers.completed(body, [served.item], served.usage)
-        if not body.get("stream"):
+        if not optional_bool(body, "stream"):
             json = orjson.dumps(response)
             return Response(json, media_type="application/json", headers=served.headers)
         headers = dict(SSE_HEADERS) | served.headers

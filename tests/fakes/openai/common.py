@@ -123,6 +123,27 @@ def invalid_type(param: str, expected: str, value: Any) -> ApiError:
     return bad(message, param, "invalid_type")
 
 
+def check_flags(body: Mapping[str, Any], names: Iterable[str]) -> None:
+    """Boolean fields: true, false or null, never a truthy string."""
+    for name in names:
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise invalid_type(name, "a boolean", body[name])
+
+
+def check_limit(body: Mapping[str, Any], name: str, minimum: int) -> None:
+    """An integer field of at least `minimum`, or null."""
+    limit = body.get(name)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+        raise invalid_type(name, "an integer", limit)
+    if limit is not None and limit < minimum:
+        raise bad(
+            f"Invalid '{name}': integer below minimum value. Expected a value >= {minimum},"
+            f" but got {limit} instead.",
+            name,
+            "integer_below_min_value",
+        )
+
+
 def missing(param: str) -> ApiError:
     return bad(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
 
