@@ -21,6 +21,7 @@
         ├── Forbidden             403  the dashboard's checks on a request without the token
         ├── NotFound              404
         ├── BodyTooLarge          413
+        ├── UnsupportedMediaType  415  a body's Content-Encoding the proxy cannot decode
         ├── UpgradeRequired       426  a WebSocket upgrade the proxy does not serve
         ├── Overloaded            429  listen.max_concurrent_requests are already in flight
         ├── HeadTooLarge          431  refused by the server's protocol, before any route
@@ -119,6 +120,10 @@ class NotFound(APIError):
 
 class BodyTooLarge(APIError):
     status_code, error_type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class UnsupportedMediaType(APIError):
+    status_code, error_type, code = 415, "invalid_request_error", "unsupported_content_encoding"
 
 
 class UpgradeRequired(APIError):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -118,6 +120,32 @@ def test_the_body_cap(
     check_error(http.post(url + "/v1/embeddings", content=chunked()), 413)
     assert len(upstream.requests) == 1
     assert http.post(url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
+
+
+def test_a_compressed_body_is_decoded_and_bounded_once_decoded(
+    http: httpx.Client, small_body_server: ServerThread, upstream: FakeUpstream
+) -> None:
+    url = small_body_server.url
+    body = padded(2048)
+    for coding, packed in [("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))]:
+        headers = {"content-encoding": coding, "content-type": "application/json"}
+        answered = http.post(url + CHAT, content=packed, headers=headers)
+        assert answered.status_code == 200, answered.text
+        sent = upstream.requests[-1]
+        assert sent.json == orjson.loads(body) and "content-encoding" not in sent.headers
+    gzipped = {"content-encoding": "gzip"}
+    # A small body that would decompress past the bound: refused, not decompressed whole.
+    bomb = gzip.compress(b" " * 1_000_000)
+    assert len(bomb) < 2048
+    refused = http.post(url + CHAT, content=bomb, headers=gzipped)
+    assert "once decompressed" in check_error(refused, 413)["message"]
+    check_error(http.post(url + "/v1/embeddings", content=bomb, headers=gzipped), 413)
+    cut = http.post(url + CHAT, content=gzip.compress(body)[:-10], headers=gzipped)
+    assert check_error(cut, 400)["message"] == "The request body is not valid gzip data."
+    unknown = http.post(url + CHAT, content=body, headers={"content-encoding": "br"})
+    error = check_error(unknown, 415)
+    assert error["code"] == "unsupported_content_encoding" and "'br'" in error["message"]
+    assert len(upstream.requests) == 2
 
 
 def test_unreachable_upstream_is_a_502(http: httpx.Client, closed_port: int) -> None:
