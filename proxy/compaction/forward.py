@@ -72,8 +72,9 @@ class Forward:
             ("x-compaction-tokens-after", str(round(self.tokens_after * self.ratio))),
             ("x-compaction-window-source", self.window_source),
         ]
-        if self.ratio != 1.0:
-            headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
+        ratio = f"{self.ratio:.3f}"
+        if ratio != "1.000":  # as shown: a ratio that rounds to 1 says nothing
+            headers.append(("x-compaction-count-ratio", ratio))
         if self.overflow is not None:
             headers.append(("x-compaction-overflow", self.overflow))
         if self.unreachable:
