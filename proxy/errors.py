@@ -165,6 +165,12 @@ class ShuttingDown(APIError):
 class UpstreamTimeout(APIError):
     status_code, error_type, code = 504, "upstream_error", "upstream_timeout"
 
+    @classmethod
+    def in_phase(cls, upstream: str, phase: str, what: str) -> UpstreamTimeout:
+        """A timeout of the proxy's own, its message naming the phase that ran out (as the
+        `phase` of compaction_proxy_upstream_timeouts_total does)."""
+        return cls(f"upstream {upstream!r}: {phase} timeout, {what}")
+
 
 class ProviderError(APIError):
     """What a provider reached through litellm answered, as OpenAI's error fields."""
