@@ -30,7 +30,7 @@ from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
 from proxy.observability.retrieval_metrics import RetrievalMetrics
 from proxy.observability.worker_metrics import Worker, WorkerMetrics
-from proxy.server.admin import Admin
+from proxy.server.admin import Admin, admin_off
 from proxy.server.count_endpoint import CountEndpoint
 from proxy.server.dashboard import dashboard_routes, turn_ledger
 from proxy.server.disconnects import Endpoint, WatchedEndpoint
@@ -240,6 +240,8 @@ def create_app(
         routes.insert(-1, WebSocketRoute(responses.path, sockets))
     admin = Admin(proxy.sessions.failing_closed())
     routes += admin.routes(config.admin.token) + dashboard_routes(config, admin)
+    if not config.admin.token:  # its paths say it is off, and how to turn it on
+        routes.append(route("/admin/{path:path}", admin_off, ANY))
     routes.append(route("/{path:path}", not_found, ANY))
     app = ProxyApp(routes, lifespan, proxy.gate, posts)
     app.state.proxy = proxy
