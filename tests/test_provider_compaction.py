@@ -661,11 +661,14 @@ def test_a_relayed_compact_goes_to_the_upstream_of_its_model(
         turn = posted(server, RESPONSES, body)
         assert compacted.headers["x-compaction-session"] == turn.headers["x-compaction-session"]
         assert compacted.headers["x-compaction-action"] == "none"
+        shadowed = posted(server, RESPONSES + "/compact", body, **{"X-Compaction-Shadow": "1"})
+        assert shadowed.headers["x-compaction-action"] == "shadow-none"
+        assert shadowed.headers["x-compaction-shadow"] == "true"
         # A model of the local server's: there (which has no compact endpoint).
         body = {"model": "local/qwen", "input": history(1)}
         assert posted(server, RESPONSES + "/compact", body).status_code == 404
         assert [r.path for r in up.requests] == ["/v1/responses/compact"]
-        assert len(provider.requests) == 2  # the compact and the turn
+        assert len(provider.requests) == 3  # the compacts and the turn
     up.reset()
 
 

@@ -62,8 +62,6 @@ COMPACT_PATH = "/v1/responses/compact"
 _UPSTREAM_COMPACT_PATH = COMPACT_PATH.removeprefix("/v1")
 TRIGGER = COMPACTION_TRIGGER
 ACTION = "provider_compaction"  # the x-compaction-action of a provider compaction
-_SHADOWED = [("x-compaction-action", shown_action(ACTION, shadow=True)), SHADOW_HEADER]
-_RELAYED = [("x-compaction-action", "none")]  # the upstream compacts: the proxy changed nothing
 
 
 class ProviderCompaction:
@@ -127,9 +125,12 @@ class ProviderCompaction:
         raw = await read_body(request, self.config.listen.max_body_bytes)
         read = self._expanded(self._routed(request, raw))
         if not read.serves:
-            # Under shadow mode the headers say what the proxy would have done.
-            shadowed = read.shadow and read.policy.provider_compaction == "serve"
-            own = [*self._session(request, read), *(_SHADOWED if shadowed else _RELAYED)]
+            # The upstream compacts: the proxy changed nothing. Under shadow mode the headers
+            # say what it would have done.
+            would = ACTION if read.policy.provider_compaction == "serve" else "none"
+            own = self._session(request, read)
+            own.append(("x-compaction-action", shown_action(would, shadow=read.shadow)))
+            own += [SHADOW_HEADER] if read.shadow else []
             return await self.relay(request, read.upstream, _UPSTREAM_COMPACT_PATH, read.raw, own)
         served = await self._serve(request, read, read.items)
         self._count("compact", served)
