@@ -56,7 +56,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     (sent, or decoded)."""
     raw = await _read(request, limit)
     coding = request.headers.get("content-encoding")
-    return raw if coding is None else decoded(raw, coding, limit)
+    return raw if coding is None or not raw else decoded(raw, coding, limit)
 
 
 def decoded(raw: bytes, coding: str, limit: int) -> bytes:
