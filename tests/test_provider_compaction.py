@@ -203,7 +203,13 @@ def test_a_trigger_that_is_not_last_is_refused(up: FakeUpstream, client: openai.
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input=[TRIGGER, *history(1)])
     assert caught.value.param == "input[0]"
-    assert up.requests == []
+    # A stream flag that is no boolean: refused before any summary is made.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL, input=[*history(2), TRIGGER], extra_body={"stream": "false"}
+        )
+    assert (caught.value.param, caught.value.code) == ("stream", "invalid_type")
+    assert up.requests == [] and up.summary_calls == 0
 
 
 def test_relay_sends_the_trigger_on(up: FakeUpstream, client: openai.OpenAI) -> None:
