@@ -14,6 +14,7 @@ from aiohttp import web
 
 from tests.fakes.base import Scripted
 from tests.fakes.openai.common import (
+    METADATA_OBJECT,
     PARSE_ERROR,
     ApiError,
     bad,
@@ -165,7 +166,7 @@ def validate_chat(body: Any) -> None:
     check_flags(body, ("stream", "store", "parallel_tool_calls", "logprobs"))
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise invalid_type("metadata", "a metadata object", metadata)
+        raise invalid_type("metadata", METADATA_OBJECT, metadata)
     for name in ("max_tokens", "max_completion_tokens"):
         check_limit(body, name, 1)
     if body.get("stream_options") is not None and not body.get("stream"):

@@ -33,6 +33,7 @@ BEHAVIORS: Behaviors = dict.fromkeys(("hang", "tool-call", "gzip", "redirect"), 
 }
 _SAMPLE_ARGUMENTS: dict[Any, Any] = {"integer": 1, "number": 1, "boolean": True, "array": []}
 _TEXT_PARTS = ("text", "input_text", "output_text", "summary_text", "reasoning_text")
+METADATA_OBJECT = "a metadata object"  # what the API's type error says it expects (recorded)
 SERVER_ERROR = "The server had an error while processing your request. Sorry about that!"
 PARSE_ERROR = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using"

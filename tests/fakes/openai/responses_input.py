@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from tests.fakes.openai.common import (
+    METADATA_OBJECT,
     PARSE_ERROR,
     ApiError,
     bad,
@@ -311,7 +312,8 @@ def validate_responses(body: Any) -> None:
     check_flags(body, ("store", "stream", "background", "parallel_tool_calls"))
     for field in ("reasoning", "text", "metadata", "stream_options", "prompt"):
         if body.get(field) is not None and not isinstance(body[field], dict):
-            raise invalid_type(field, "an object", body[field])
+            expected = METADATA_OBJECT if field == "metadata" else "an object"
+            raise invalid_type(field, expected, body[field])
     include = body.get("include")
     if include is not None and not isinstance(include, list):
         raise invalid_type("include", "an array of strings", include)
