@@ -21,6 +21,7 @@
         ├── Forbidden             403  the dashboard's checks on a request without the token
         ├── NotFound              404
         ├── BodyTooLarge          413
+        ├── UnsupportedMediaType  415  a body's Content-Encoding the proxy cannot decode
         ├── UpgradeRequired       426  a WebSocket upgrade the proxy does not serve
         ├── Overloaded            429  listen.max_concurrent_requests are already in flight
         ├── HeadTooLarge          431  refused by the server's protocol, before any route
@@ -121,6 +122,10 @@ class BodyTooLarge(APIError):
     status_code, error_type, code = 413, "invalid_request_error", "request_too_large"
 
 
+class UnsupportedMediaType(APIError):
+    status_code, error_type, code = 415, "invalid_request_error", "unsupported_content_encoding"
+
+
 class UpgradeRequired(APIError):
     """A WebSocket upgrade the proxy does not serve (a path other than the Responses API's, or
     `listen.websockets: false`), answered with 426: the client is to send its request over
@@ -159,6 +164,12 @@ class ShuttingDown(APIError):
 
 class UpstreamTimeout(APIError):
     status_code, error_type, code = 504, "upstream_error", "upstream_timeout"
+
+    @classmethod
+    def in_phase(cls, upstream: str, phase: str, what: str) -> UpstreamTimeout:
+        """A timeout of the proxy's own, its message naming the phase that ran out (as the
+        `phase` of compaction_proxy_upstream_timeouts_total does)."""
+        return cls(f"upstream {upstream!r}: {phase} timeout, {what}")
 
 
 class ProviderError(APIError):

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from proxy.config import Auth
+from proxy.server.admin import OFF
 from proxy.server.tenants import Tenants
 from tests.harness import ADMIN_TOKEN, harness, prepare_ahead
 
@@ -26,6 +27,8 @@ def test_the_admin_api_is_off_without_a_token() -> None:
             response = h.admin(method, path)
             assert response.status_code == 404
             assert response.json()["error"]["code"] == "not_found"
+            assert response.json()["error"]["message"].startswith(OFF)
+        assert h.admin("GET", "/admin/dashboard").json()["error"]["message"].startswith(OFF)
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Bearer {ADMIN_TOKEN}x", ""])

@@ -108,6 +108,7 @@ def test_serve_starts_on_the_repository_config() -> None:
         cwd="/",  # the repository's config.yaml is found from anywhere
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "COMPACTION_PROXY_ADMIN_TOKEN"},
     )
     try:
         deadline = time.monotonic() + 20
@@ -126,6 +127,9 @@ def test_serve_starts_on_the_repository_config() -> None:
             time.sleep(0.05)
         missing = httpx.get(f"http://127.0.0.1:{port}/nowhere")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+        # Without an admin token the admin API is off, and its paths say how to turn it on.
+        off = httpx.get(f"http://127.0.0.1:{port}/admin/dashboard").json()["error"]["message"]
+        assert "admin API is off" in off and "COMPACTION_PROXY_ADMIN_TOKEN" in off
     finally:
         server.send_signal(signal.SIGINT)  # Ctrl-C: no delay for a load balancer to notice
         _, err = server.communicate(timeout=10)
@@ -138,6 +142,7 @@ def test_serve_starts_on_the_repository_config() -> None:
     assert said[0]["store"] == "memory"
     assert said[0]["upstreams"] == {"openai": "openai"}
     assert said[0]["policies"] == ["default"] and said[0]["version"]
+    assert said[0]["admin_api"] == "off (set admin.token to turn it on)"
     # The proxy's own refusals are logged, in its own words.
     refused = [orjson.loads(line) for line in err.splitlines() if b'"request refused"' in line]
-    assert [(e["status"], e["code"]) for e in refused] == [(404, "not_found")]
+    assert [(e["status"], e["code"]) for e in refused] == [(404, "not_found")] * 2

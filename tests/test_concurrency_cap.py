@@ -63,6 +63,9 @@ def test_past_the_cap_requests_are_refused_at_once_in_their_apis_shape(
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "1"
         assert refused.content == dialect.error_body(REFUSAL)
+        # Any other call in the shape of its client's API (Anthropic's: anthropic-version).
+        listing = http.get(capped.url + "/v1/models", headers=dict(dialect.call_headers))
+        assert listing.content == dialect.error_body(REFUSAL)
         # Refused before its body was read: the head alone gets the answer.
         raw = head_only(capped, dialect.path)
         assert raw.startswith(b"HTTP/1.1 429 ") and raw.endswith(dialect.error_body(REFUSAL))
@@ -71,9 +74,9 @@ def test_past_the_cap_requests_are_refused_at_once_in_their_apis_shape(
             assert http.get(capped.url + probe).status_code == 200
         assert len(upstream.requests) == 2
     overloaded = {"route": "overloaded", "status": "429"}
-    assert metric(http, capped, "compaction_proxy_requests_total", **overloaded) == 2
+    assert metric(http, capped, "compaction_proxy_requests_total", **overloaded) == 3
     refused = {"status": "429", "reason": "proxy_overloaded"}
-    assert metric(http, capped, "compaction_proxy_refusals_total", **refused) == 2
+    assert metric(http, capped, "compaction_proxy_refusals_total", **refused) == 3
 
 
 def test_the_openai_refusal_says_proxy_overloaded(

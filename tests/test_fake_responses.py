@@ -483,6 +483,25 @@ def invalid(value: str, supported: str, param: str) -> dict[str, Any]:
             ),
         ),
         (
+            request(HELLO, stream="false"),
+            400,
+            error(
+                "Invalid type for 'stream': expected a boolean, but got a string instead.",
+                "stream",
+                "invalid_type",
+            ),
+        ),
+        (
+            request(HELLO, metadata="x"),
+            400,
+            error(
+                "Invalid type for 'metadata': expected a metadata object, but got a string"
+                " instead.",
+                "metadata",
+                "invalid_type",
+            ),
+        ),
+        (
             request(HELLO, stream_options={"include_obfuscation": False}),
             400,
             error(

@@ -335,6 +335,8 @@ EMPTY = (
 ROLES = "'system', 'assistant', 'user', 'function', 'tool', and 'developer'"
 ONLY_STREAM = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
 CONTENT = "one of a string or array of objects"
+BELOW_MIN = "Invalid '{}': integer below minimum value. Expected a value >= 1, but got {} instead."
+LOW = "integer_below_min_value"
 
 
 @pytest.mark.parametrize(
@@ -378,6 +380,15 @@ CONTENT = "one of a string or array of objects"
         ),
         (chat(HELLO, tools=[{"type": "function"}]), missing("tools[0].function")),
         (chat(HELLO, stream_options={"include_usage": True}), error(ONLY_STREAM, "stream_options")),
+        (chat(HELLO, stream="yes"), wrong_type("stream", "a boolean", "a string")),
+        (chat(HELLO, stream="false"), wrong_type("stream", "a boolean", "a string")),
+        (chat(HELLO, metadata="x"), wrong_type("metadata", "a metadata object", "a string")),
+        (chat(HELLO, max_tokens=-5), error(BELOW_MIN.format("max_tokens", -5), "max_tokens", LOW)),
+        (
+            chat(HELLO, max_completion_tokens=0),
+            error(BELOW_MIN.format("max_completion_tokens", 0), "max_completion_tokens", LOW),
+        ),
+        (chat(HELLO, max_tokens="5"), wrong_type("max_tokens", "an integer", "a string")),
     ],
 )
 def test_rejects_bad_requests_like_openai(

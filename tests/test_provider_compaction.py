@@ -203,7 +203,13 @@ def test_a_trigger_that_is_not_last_is_refused(up: FakeUpstream, client: openai.
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input=[TRIGGER, *history(1)])
     assert caught.value.param == "input[0]"
-    assert up.requests == []
+    # A stream flag that is no boolean: refused before any summary is made.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL, input=[*history(2), TRIGGER], extra_body={"stream": "false"}
+        )
+    assert (caught.value.param, caught.value.code) == ("stream", "invalid_type")
+    assert up.requests == [] and up.summary_calls == 0
 
 
 def test_relay_sends_the_trigger_on(up: FakeUpstream, client: openai.OpenAI) -> None:
@@ -656,11 +662,19 @@ def test_a_relayed_compact_goes_to_the_upstream_of_its_model(
         (request,) = provider.requests
         assert request.path == "/v1/responses/compact"
         assert request.headers["Authorization"] == "Bearer sk-test"
+        # Its answer says its session (that of the conversation's turns) and that the proxy
+        # changed nothing.
+        turn = posted(server, RESPONSES, body)
+        assert compacted.headers["x-compaction-session"] == turn.headers["x-compaction-session"]
+        assert compacted.headers["x-compaction-action"] == "none"
+        shadowed = posted(server, RESPONSES + "/compact", body, **{"X-Compaction-Shadow": "1"})
+        assert shadowed.headers["x-compaction-action"] == "shadow-none"
+        assert shadowed.headers["x-compaction-shadow"] == "true"
         # A model of the local server's: there (which has no compact endpoint).
         body = {"model": "local/qwen", "input": history(1)}
         assert posted(server, RESPONSES + "/compact", body).status_code == 404
         assert [r.path for r in up.requests] == ["/v1/responses/compact"]
-        assert len(provider.requests) == 1
+        assert len(provider.requests) == 3  # the compacts and the turn
     up.reset()
 
 

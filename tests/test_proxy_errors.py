@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +23,7 @@ from proxy.observability.logs import JsonFormatter
 from proxy.observability.metrics import Metrics
 from proxy.upstream.answer import UpstreamResponse
 from proxy.upstream.client import UpstreamClient
-from tests.conftest import ConfigFactory, captured, config_for, examples, metric
+from tests.conftest import SDK, ConfigFactory, captured, config_for, examples, metric
 from tests.fakes.openai import FakeUpstream
 from tests.servers import ServerThread, proxy_server
 
@@ -71,6 +73,25 @@ def test_bad_requests_get_a_400(
     assert upstream.requests == []
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/responses"])
+@pytest.mark.parametrize("stream", ["false", "yes", 0, {}])
+def test_a_stream_flag_that_is_no_boolean_is_a_400_as_openai_answers_it(
+    sdk: SDK, server: ServerThread, upstream: FakeUpstream, path: str, stream: Any
+) -> None:
+    fields = {"model": "small-8k", "stream": stream}
+    fields |= {"messages": HELLO} if path == CHAT else {"input": "hi"}
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(server, []).post(path.removeprefix("/v1"), body=fields, cast_to=object)
+    got = "a string" if isinstance(stream, str) else "an object" if stream == {} else "a number"
+    assert refused.value.body == {
+        "message": f"Invalid type for 'stream': expected a boolean, but got {got} instead.",
+        "type": "invalid_request_error",
+        "param": "stream",
+        "code": "invalid_type",
+    }
+    assert upstream.requests == []
+
+
 @pytest.fixture
 def small_body_server(proxy_config: ConfigFactory) -> Iterator[ServerThread]:
     with proxy_server(proxy_config(listen={"max_body_bytes": 2048})) as server:
@@ -101,6 +122,33 @@ def test_the_body_cap(
     assert http.post(url + CHAT, json={"model": "small-8k", "messages": HELLO}).is_success
 
 
+def test_a_compressed_body_is_decoded_and_bounded_once_decoded(
+    http: httpx.Client, small_body_server: ServerThread, upstream: FakeUpstream
+) -> None:
+    url = small_body_server.url
+    body = padded(2048)
+    for coding, packed in [("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))]:
+        headers = {"content-encoding": coding, "content-type": "application/json"}
+        answered = http.post(url + CHAT, content=packed, headers=headers)
+        assert answered.status_code == 200, answered.text
+        sent = upstream.requests[-1]
+        assert sent.json == orjson.loads(body) and "content-encoding" not in sent.headers
+    gzipped = {"content-encoding": "gzip"}
+    assert http.get(url + "/v1/models", headers=gzipped).status_code == 200  # no body to decode
+    # A small body that would decompress past the bound: refused, not decompressed whole.
+    bomb = gzip.compress(b" " * 1_000_000)
+    assert len(bomb) < 2048
+    refused = http.post(url + CHAT, content=bomb, headers=gzipped)
+    assert "once decompressed" in check_error(refused, 413)["message"]
+    check_error(http.post(url + "/v1/embeddings", content=bomb, headers=gzipped), 413)
+    cut = http.post(url + CHAT, content=gzip.compress(body)[:-10], headers=gzipped)
+    assert check_error(cut, 400)["message"] == "The request body is not valid gzip data."
+    unknown = http.post(url + CHAT, content=body, headers={"content-encoding": "br"})
+    error = check_error(unknown, 415)
+    assert error["code"] == "unsupported_content_encoding" and "'br'" in error["message"]
+    assert len(upstream.requests) == 3
+
+
 def test_unreachable_upstream_is_a_502(http: httpx.Client, closed_port: int) -> None:
     config = loads(f"upstreams:\n  gone:\n    base_url: http://127.0.0.1:{closed_port}/v1\n")
     with proxy_server(config) as server:
@@ -123,6 +171,21 @@ def test_no_first_byte_in_time_is_a_504(
         check_error(http.get(server.url + "/v1/models", headers=hang), 504)
         # the proxy gave up on both upstream requests rather than leaving them open
         assert upstream.wait_for(lambda: upstream.cancelled == 2)
+
+
+def test_a_turn_that_cannot_fit_says_its_session_and_the_refusal(
+    http: httpx.Client, server: ServerThread, upstream: FakeUpstream
+) -> None:
+    body = {"model": "gpt-4", "messages": [{"role": "user", "content": "word " * 20_000}]}
+    refused = http.post(server.url + CHAT, json=body, headers={"x-session-id": "s-refused"})
+    assert check_error(refused, 400)["code"] == "context_length_exceeded"
+    assert refused.headers["x-compaction-action"] == "refused"
+    assert refused.headers["x-compaction-store"] == "ok"
+    assert int(refused.headers["x-compaction-tokens-before"]) > 20_000
+    body["messages"] = HELLO
+    answered = http.post(server.url + CHAT, json=body, headers={"x-session-id": "s-refused"})
+    assert refused.headers["x-compaction-session"] == answered.headers["x-compaction-session"]
+    assert upstream.requests == [upstream.requests[-1]]  # only the second went
 
 
 @pytest.mark.parametrize(

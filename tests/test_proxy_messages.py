@@ -17,7 +17,7 @@ import yaml
 from proxy.config import ConfigError, loads
 from proxy.dialects.json_checks import MAX_DEPTH
 from proxy.sessions.sessions import session_key
-from tests.conftest import merged, metric
+from tests.conftest import captured, merged, metric
 from tests.conversations import words
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.base import BEHAVIOR_HEADER
@@ -237,16 +237,27 @@ def test_a_body_nested_deeper_than_the_proxy_writes_is_a_400_in_anthropics_shape
     assert deepest.status_code == 200, deepest.text
 
 
-def test_the_proxys_own_failures_are_in_anthropics_shape(up: FakeAnthropic) -> None:
+def test_the_proxys_own_failures_are_in_anthropics_shape(
+    up: FakeAnthropic, caplog: pytest.LogCaptureFixture
+) -> None:
     unreachable = config(up, upstreams={"claude": {"base_url": "http://127.0.0.1:9/v1"}})
-    with (
-        proxy_server(unreachable) as proxy,
-        pytest.raises(anthropic.InternalServerError) as failed,
-    ):
-        client_of(proxy).messages.create(model=SMALL, max_tokens=9, messages=HELLO)
-    assert failed.value.status_code == 502
-    assert failed.value.body["type"] == "error"
-    assert failed.value.body["error"]["type"] == "api_error"
+    with proxy_server(unreachable) as proxy:
+        with pytest.raises(anthropic.InternalServerError) as failed:
+            client_of(proxy).messages.create(model=SMALL, max_tokens=9, messages=HELLO)
+        assert failed.value.status_code == 502
+        assert failed.value.body["type"] == "error"
+        assert failed.value.body["error"]["type"] == "api_error"
+        # Not only on /v1/messages: any call an Anthropic client makes, or that goes to an
+        # Anthropic upstream, and a path the proxy does not serve.
+        with captured(caplog), pytest.raises(anthropic.InternalServerError) as listing:
+            client_of(proxy).models.list()
+        logged = [r for r in caplog.records if r.getMessage() == "request refused"][-1]
+        assert logged.api == "messages"  # type: ignore[attr-defined]
+        assert listing.value.status_code == 502
+        assert listing.value.body["error"]["type"] == "api_error"
+        for path, headers in [("/v1/models", {}), ("/nowhere", {"anthropic-version": VERSION})]:
+            answer = httpx.get(proxy.url + path, headers=headers).json()
+            assert answer["type"] == "error" and set(answer["error"]) == {"type", "message"}
     keyed = config(
         up,
         auth={"keys": [{"id": "team", "sha256": hashlib.sha256(b"proxy-key").hexdigest()}]},

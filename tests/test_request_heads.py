@@ -78,8 +78,18 @@ def test_a_head_of_1_mib_gets_a_431_in_openais_shape_and_is_not_forwarded(
     assert upstream.requests == []
 
 
-def test_a_head_on_the_messages_path_gets_anthropics_shape(server: ServerThread) -> None:
-    head = b"POST /v1/messages HTTP/1.1\r\nHost: proxy\r\nX-Pad: " + b"p" * MiB + b"\r\n\r\n"
+@pytest.mark.parametrize(
+    "start",
+    [
+        b"POST /v1/messages HTTP/1.1\r\n",
+        # Any call of an Anthropic client: it sends anthropic-version on every one.
+        b"GET /v1/models HTTP/1.1\r\nanthropic-version: 2023-06-01\r\n",
+    ],
+)
+def test_a_head_on_the_messages_path_gets_anthropics_shape(
+    server: ServerThread, start: bytes
+) -> None:
+    head = start + b"Host: proxy\r\nX-Pad: " + b"p" * MiB + b"\r\n\r\n"
     status, _, body = split(exchange(server.port, head))
     assert status == 431
     answer = orjson.loads(body)

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from policies import Chain
+from proxy.compaction.forward import Forward
 from proxy.sessions.state import SessionState
 from tests.conftest import captured
 from tests.fakes.openai import ApiError, check_window
@@ -316,6 +317,16 @@ ESTIMATED = "estimated-model"
 def numbers(turn: int) -> str:
     """Text that chars/4 under-counts about 1.45 times (cl100k_base)."""
     return " ".join(f"value {(turn * 40 + n) * 7919 % 1000} and {n * 31 % 100}" for n in range(40))
+
+
+@pytest.mark.parametrize(
+    ("ratio", "shown"), [(1.0, None), (0.99996, None), (1.0004, None), (1.002, "1.002")]
+)
+def test_the_count_ratio_is_said_only_when_it_shows_as_other_than_1(
+    ratio: float, shown: str | None
+) -> None:
+    headers = dict(Forward(b"{}", "s", "none", "ok", 100, 100, ratio=ratio).headers())
+    assert headers.get("x-compaction-count-ratio") == shown
 
 
 def test_calibration_corrects_an_estimated_count() -> None:

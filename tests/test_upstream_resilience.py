@@ -321,7 +321,9 @@ def test_a_connect_timeout_names_its_phase(
         assert answer.status_code == 504
         error = answer.json()["error"]
         assert error["code"] == "upstream_timeout"
-        assert error["message"] == "upstream 'up' accepted no connection within 0.2 s"
+        assert error["message"] == (
+            "upstream 'up': connect timeout, no connection accepted within 0.2 s (timeouts.connect)"
+        )
         phase = {"phase": "connect"}
         assert metric(http, server, "compaction_proxy_upstream_timeouts_total", **phase) == 1
         assert retries(http, server, "connect") == configured
@@ -341,7 +343,9 @@ def test_a_first_byte_timeout_names_its_phase(http: httpx.Client) -> None:
     with ScriptedUpstream(holds) as up, proxy_server(config_of(up, timeouts=timeouts)) as server:
         answer = http.post(server.url + CHAT, json=BODY, headers={"x-act": "hang"})
         assert answer.status_code == 504
-        assert answer.json()["error"]["message"] == "upstream 'up' sent no response within 0.3 s"
+        assert answer.json()["error"]["message"] == (
+            "upstream 'up': first_byte timeout, no response head within 0.3 s (timeouts.first_byte)"
+        )
         phase = {"phase": "first_byte"}
         assert metric(http, server, "compaction_proxy_upstream_timeouts_total", **phase) == 1
 
@@ -359,7 +363,8 @@ def test_a_request_waiting_for_a_pooled_connection_times_out_as_such(
             queued = http.post(server.url + CHAT, json=BODY, headers={"x-act": "hang"})
         assert queued.status_code == 504
         assert queued.json()["error"]["message"] == (
-            "upstream 'up': no free connection within 0.3 s (all 1 in use)"
+            "upstream 'up': pool timeout, no free connection within 0.3 s"
+            " (all 1 in use; timeouts.first_byte)"
         )
         phase = {"phase": "pool"}
         assert metric(http, server, "compaction_proxy_upstream_timeouts_total", **phase) == 1

@@ -16,14 +16,14 @@ import time
 import policies
 from policies.memory import memory_candidates
 from proxy.compaction.exact_count import ExactCounts
-from proxy.compaction.forward import Forward, with_max_output
+from proxy.compaction.forward import Forward, refusal, with_max_output
 from proxy.compaction.histories import SessionHistories
 from proxy.compaction.kept_originals import KeptOriginals
 from proxy.compaction.prepared import Bounded, PreparedSummaries
 from proxy.compaction.summarizer import lock_seconds
 from proxy.compaction.turn import ClientRequest, Turn
 from proxy.dialects import Entries, Usage
-from proxy.errors import ContextLengthExceeded, SummaryPending
+from proxy.errors import SummaryPending
 from proxy.memo import MessageDigests, content_keys
 from proxy.models.calibration import Calibration
 from proxy.models.limits import ModelLimits
@@ -257,9 +257,7 @@ class Compactor:
                     # is reported and recorded, not made.
                     return await self._shadow_refused(turn, result, tokens_before, fence)
                 if turn.limits.counter.mode == "exact":
-                    raise ContextLengthExceeded(
-                        _overflow_message(turn, result), param=request.dialect.conversation_param
-                    )
+                    raise refusal(turn, result, tokens_before)
                 # An estimate (an unknown model, a guessed window) says nothing fits: forward
                 # the request as it is and let the upstream judge. Nothing is stored: a plan
                 # made from a wrong guess would strip every later turn of the session.
@@ -383,14 +381,3 @@ class Compactor:
 
 async def _elsewhere(request: policies.SummaryRequest) -> str:
     raise SummaryPending("the session's summary is being made by another request")
-
-
-def _overflow_message(turn: Turn, result: policies.Compaction) -> str:
-    budget = turn.budget
-    return (
-        f"This model's maximum context length is {turn.limits.window} tokens. Even after "
-        f"compaction, the system prompt, tools and the current turn need {result.floor_tokens} "
-        f"tokens, and {budget.reserved_output} are reserved for the output, which leaves "
-        f"{budget.limit} tokens for the prompt. Please shorten the current message or the "
-        "system prompt, or lower the maximum output tokens."
-    )

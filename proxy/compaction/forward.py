@@ -7,8 +7,9 @@ import dataclasses
 import time
 
 import policies
-from proxy.compaction.turn import ClientRequest
+from proxy.compaction.turn import ClientRequest, Turn
 from proxy.dialects import OutputLimits
+from proxy.errors import ContextLengthExceeded
 from proxy.sessions.activity import Who
 from proxy.sessions.turns import TurnFigures
 
@@ -61,7 +62,7 @@ class Forward:
 
     def session_headers(self) -> tuple[tuple[str, str], ...]:
         """The headers that hold whatever became of the request: its session and the store."""
-        return (("x-compaction-session", self.session_hash), ("x-compaction-store", self.store))
+        return session_headers(self.session_hash, self.store)
 
     def headers(self) -> list[tuple[str, str]]:
         headers = [
@@ -71,8 +72,9 @@ class Forward:
             ("x-compaction-tokens-after", str(round(self.tokens_after * self.ratio))),
             ("x-compaction-window-source", self.window_source),
         ]
-        if self.ratio != 1.0:
-            headers.append(("x-compaction-count-ratio", f"{self.ratio:.3f}"))
+        ratio = f"{self.ratio:.3f}"
+        if ratio != "1.000":  # as shown: a ratio that rounds to 1 says nothing
+            headers.append(("x-compaction-count-ratio", ratio))
         if self.overflow is not None:
             headers.append(("x-compaction-overflow", self.overflow))
         if self.unreachable:
@@ -89,6 +91,30 @@ class Forward:
 
 
 SHADOW_HEADER = ("x-compaction-shadow", "true")
+
+
+def session_headers(session_hash: str, store: str) -> tuple[tuple[str, str], ...]:
+    return (("x-compaction-session", session_hash), ("x-compaction-store", store))
+
+
+def refusal(turn: Turn, result: policies.Compaction, tokens_before: int) -> ContextLengthExceeded:
+    """The request refused, since even compacted it cannot fit: its answer says its session,
+    the store, the action (`refused`) and the tokens received."""
+    budget = turn.budget
+    error = ContextLengthExceeded(
+        f"This model's maximum context length is {turn.limits.window} tokens. Even after "
+        f"compaction, the system prompt, tools and the current turn need {result.floor_tokens} "
+        f"tokens, and {budget.reserved_output} are reserved for the output, which leaves "
+        f"{budget.limit} tokens for the prompt. Please shorten the current message or the "
+        "system prompt, or lower the maximum output tokens.",
+        param=turn.request.dialect.conversation_param,
+    )
+    error.headers = (
+        *session_headers(turn.request.key, turn.loaded.store),
+        ("x-compaction-action", "refused"),
+        ("x-compaction-tokens-before", str(round(tokens_before * turn.ratio))),
+    )
+    return error
 
 
 def with_max_output(request: ClientRequest, forward: Forward, max_output: int) -> Forward | None:

@@ -70,6 +70,15 @@ def optional_int(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def optional_bool(body: dict[str, Any], name: str) -> bool:
+    """An optional boolean field (absent or null: false); OpenAI's 400 for any other type,
+    such as the string "false", which would read as true."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise invalid_type(name, "a boolean", value)
+    return value is True
+
+
 class BadField(ProxyError):
     """A field compaction reads has the wrong type: a signal inside the dialects, which turn
     it into `invalid_type` with the field's full location."""

@@ -27,6 +27,10 @@ from proxy.sessions.sessions import Sessions, session_key
 from proxy.sessions.state import SessionState
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
+OFF = (
+    "The admin API is off: set admin.token in the config to turn it on (the default"
+    " config.yaml reads it from $COMPACTION_PROXY_ADMIN_TOKEN)."
+)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -98,6 +102,11 @@ class Admin:
         ):
             raise InvalidRequest("the session is changing too fast; try again")
         return JSONResponse({"key": key, "status": "compaction on the next request"}, 202)
+
+
+async def admin_off(request: Request) -> Response:
+    """Any /admin/ path while the admin API is off (no `admin.token`): a 404 that says so."""
+    raise NotFound(f"{OFF} ({request.method} {request.url.path})")
 
 
 def guarded(check: Callable[[Request], None], handler: Handler) -> Handler:

@@ -30,12 +30,13 @@ from proxy.observability.labels import ModelLabels
 from proxy.observability.metrics import Metrics
 from proxy.observability.retrieval_metrics import RetrievalMetrics
 from proxy.observability.worker_metrics import Worker, WorkerMetrics
-from proxy.server.admin import Admin
+from proxy.server.admin import Admin, admin_off
 from proxy.server.count_endpoint import CountEndpoint
 from proxy.server.dashboard import dashboard_routes, turn_ledger
 from proxy.server.disconnects import Endpoint, WatchedEndpoint
+from proxy.server.error_shapes import error_shape
 from proxy.server.gate import Gate
-from proxy.server.guard import OPENAI, guarded
+from proxy.server.guard import Shape, by_request, guarded
 from proxy.server.handler import Handler
 from proxy.server.originals_api import OriginalsAPI
 from proxy.server.passthrough import Passthrough, not_found
@@ -94,7 +95,8 @@ class Proxy:
         # The proxy's own headers stop here.
         sessions = config.sessions
         drop = {sessions.header, sessions.policy_header, sessions.shadow_header}
-        drop = {name.lower() for name in drop}
+        # And Content-Encoding: every body goes upstream decoded (`read_body`).
+        drop = {name.lower() for name in drop} | {"content-encoding"}
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         own = frozenset(drop)
@@ -117,11 +119,10 @@ class Proxy:
             ProviderSummaries(summarizers, self.prepared.hooks, self.limits),
             metrics,
         )
-        by_path = {h.dialect.path: h.dialect for h in self.handlers}
         self.gate = Gate(
             config.listen.max_concurrent_requests,
             metrics,
-            lambda path, error: by_path.get(path, OPENAI).error_response(error),
+            lambda scope, error: error_shape(scope["path"], scope["headers"]).error_response(error),
         )
         self.probes = Probes(store, self.limits, self.gate, metrics)
 
@@ -201,9 +202,9 @@ def create_app(
     posts: dict[str, ASGIApp] = {}
 
     def route(
-        path: str, endpoint: Endpoint, methods: list[str], dialect: Dialect = OPENAI
+        path: str, endpoint: Endpoint, methods: list[str], shape: Dialect | Shape = by_request
     ) -> Route:
-        app = WatchedEndpoint(guarded(endpoint, metrics, dialect), metrics)
+        app = WatchedEndpoint(guarded(endpoint, metrics, shape), metrics)
         if methods == ["POST"]:
             posts[path] = app
         return Route(path, app, methods=methods)
@@ -226,7 +227,7 @@ def create_app(
             if isinstance(d := h.dialect, TokenCounting)
         ),
         *([] if proxy.kept is None else OriginalsAPI(proxy.kept, proxy.tenants, config).routes()),
-        route("/v1/{path:path}", proxy.passthrough, ANY),
+        route("/v1/{path:path}", proxy.passthrough, ANY, proxy.passthrough.error_shape),
         Route("/healthz", probes.healthz, methods=["GET"]),
         Route("/readyz", probes.readyz, methods=["GET"]),
         Route("/metrics", probes.metrics_endpoint, methods=["GET"]),
@@ -239,6 +240,8 @@ def create_app(
         routes.insert(-1, WebSocketRoute(responses.path, sockets))
     admin = Admin(proxy.sessions.failing_closed())
     routes += admin.routes(config.admin.token) + dashboard_routes(config, admin)
+    if not config.admin.token:  # its paths say it is off, and how to turn it on
+        routes.append(route("/admin/{path:path}", admin_off, ANY))
     routes.append(route("/{path:path}", not_found, ANY))
     app = ProxyApp(routes, lifespan, proxy.gate, posts)
     app.state.proxy = proxy

@@ -2,7 +2,7 @@
 for and, once its grace period is over, ends.
 
 Past `listen.max_concurrent_requests` a request is refused at once, before its body is read,
-with a 429 and `Retry-After` in the error shape of its path's API. The probes (/healthz,
+with a 429 and `Retry-After` in the error shape of its API (`error_shapes`). The probes (/healthz,
 /readyz, /metrics) are neither refused nor counted: a busy proxy must still say how it is.
 A WebSocket connection is not a request: each request over it comes through the gate as a POST
 (`server.responses_socket`), and `after` tells when the one under way is over.
@@ -25,8 +25,8 @@ log = logging.getLogger("compaction_proxy")
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 RETRY_AFTER_SECONDS = 1
 
-# The proxy's own error for a path, in the shape of that path's API.
-Render = Callable[[str, APIError], Response]
+# The proxy's own error for a request (its scope), in the shape of its API.
+Render = Callable[[Scope, APIError], Response]
 
 
 class Gate:
@@ -111,7 +111,7 @@ class Gate:
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send, error: APIError, retry_after: int = 0
     ) -> None:
-        response = self.render(scope["path"], error)
+        response = self.render(scope, error)
         if retry_after:
             response.headers["Retry-After"] = str(retry_after)
         await response(scope, receive, send)

@@ -8,27 +8,35 @@ request.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp
 
 from proxy.dialects import Dialect
-from proxy.dialects.openai.chat import Chat
 from proxy.errors import APIError, StreamBroken, UpstreamUnreachable
 from proxy.observability.logs import failure
 from proxy.observability.metrics import Metrics
 from proxy.server.disconnects import Endpoint, client_gone
+from proxy.server.error_shapes import error_shape
 
 log = logging.getLogger("compaction_proxy")
 
-# The proxy's own errors outside any wire format's path (passthrough, 404) use OpenAI's shape.
-OPENAI = Chat()
+# The API whose error shape a request's failure takes, when its endpoint is no API's own.
+Shape = Callable[[Request], Dialect]
 
 
-def guarded(endpoint: Endpoint, metrics: Metrics, dialect: Dialect = OPENAI) -> Endpoint:
-    """`endpoint`, its every failure answered in `dialect`'s error shape."""
+def by_request(request: Request) -> Dialect:
+    """The error shape of the request's path, else of its client (`error_shapes`)."""
+    return error_shape(request.url.path, request.headers.raw)
+
+
+def guarded(endpoint: Endpoint, metrics: Metrics, shape: Dialect | Shape = by_request) -> Endpoint:
+    """`endpoint`, its every failure answered in the error shape of `shape` (an API, or the
+    API chosen for the request)."""
 
     async def guarded_endpoint(request: Request) -> ASGIApp:
+        dialect = shape if isinstance(shape, Dialect) else shape(request)
         try:
             return await endpoint(request)
         except APIError as exc:

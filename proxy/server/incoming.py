@@ -1,13 +1,22 @@
-"""Reading what the client sent, before any wire format looks at it."""
+"""Reading what the client sent, before any wire format looks at it.
+
+A body sent compressed (`Content-Encoding: gzip` or `deflate`, which Anthropic's and OpenAI's
+APIs accept) is decoded, and bounded once decoded; it goes upstream decoded (the proxy reads
+and rewrites it), without the header. Any other coding is a 415 that names it.
+"""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 
-from proxy.errors import BodyTooLarge, InvalidRequest, NotFound
+from proxy.errors import BodyTooLarge, InvalidRequest, NotFound, UnsupportedMediaType
+
+CODINGS = frozenset({"gzip", "x-gzip", "deflate"})
+_AUTO_HEADER = zlib.MAX_WBITS | 32  # a gzip or a zlib header, whichever the body has
 
 
 class RequestHeaders(Headers):
@@ -43,7 +52,40 @@ class IncomingRequest(Request):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit`."""
+    """The request body, decoded, refused with 413 as soon as it is known to exceed `limit`
+    (sent, or decoded)."""
+    raw = await _read(request, limit)
+    coding = request.headers.get("content-encoding")
+    return raw if coding is None or not raw else decoded(raw, coding, limit)
+
+
+def decoded(raw: bytes, coding: str, limit: int) -> bytes:
+    """`raw` as sent with `Content-Encoding: coding`, decoded: a 413 past `limit` bytes (a
+    small body can decompress to gigabytes), a 400 when it is not what the coding says."""
+    codings = [
+        c for c in (c.strip().lower() for c in coding.split(",")) if c not in ("", "identity")
+    ]
+    if not codings:
+        return raw
+    if len(codings) > 1 or codings[0] not in CODINGS:
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{coding}' is not supported: send the body uncompressed, or"
+            " compressed with gzip or deflate."
+        )
+    decompressor = zlib.decompressobj(_AUTO_HEADER)
+    try:
+        body = decompressor.decompress(raw, limit + 1)
+    except zlib.error:
+        body = b""  # and not at its end: refused below
+    if len(body) > limit:
+        raise BodyTooLarge(_too_large(limit) + " once decompressed")
+    if not decompressor.eof or decompressor.unused_data:
+        raise InvalidRequest(f"The request body is not valid {codings[0]} data.")
+    return body
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    """The request body as sent, refused with 413 as soon as it is known to exceed `limit`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(_too_large(limit))

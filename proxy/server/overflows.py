@@ -96,8 +96,9 @@ async def stream_head(
     except TimeoutError:
         response.close()
         metrics.upstream_timeouts.labels(upstream.name, "first_byte").inc()
-        raise UpstreamTimeout(
-            f"upstream {upstream.name!r} sent no events within {upstream.timeouts.first_byte:g} s"
+        seconds = upstream.timeouts.first_byte
+        raise UpstreamTimeout.in_phase(
+            upstream.name, "first_byte", f"no events within {seconds:g} s (timeouts.first_byte)"
         ) from None
     except StreamBroken as exc:
         response.close()

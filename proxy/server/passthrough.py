@@ -7,9 +7,10 @@ from starlette.requests import Request
 from starlette.types import ASGIApp
 
 from proxy.config import Config, Upstream
-from proxy.dialects import DIALECTS
+from proxy.dialects import DIALECTS, Dialect
 from proxy.errors import NotFound
 from proxy.observability.metrics import UNROUTED, Metrics
+from proxy.server.error_shapes import MESSAGES, anthropic_client, error_shape
 from proxy.server.incoming import check_path, query_string, read_body
 from proxy.server.relay import Relay
 from proxy.server.tenants import Tenants
@@ -46,11 +47,21 @@ class Passthrough:
         upstream when it comes from an Anthropic client (every call of the Anthropic API
         carries an `anthropic-version` header)."""
         self.tenants.tenant(request.headers)
-        upstream = self._default
-        if "anthropic-version" in request.headers and self._anthropic is not None:
-            upstream = self._anthropic  # an Anthropic client's call: count_tokens, models
+        upstream = self._upstream_for(request)
         body = await read_body(request, self.config.listen.max_body_bytes)
         return await self.relay(request, upstream, _relative_path(request), body, [])
+
+    def _upstream_for(self, request: Request) -> Upstream:
+        if self._anthropic is not None and anthropic_client(request.headers.raw):
+            return self._anthropic  # an Anthropic client's call: count_tokens, models
+        return self._default
+
+    def error_shape(self, request: Request) -> Dialect:
+        """The proxy's own errors in the shape of the API the call is for: Anthropic's for an
+        Anthropic client's call or one to an Anthropic upstream, else OpenAI's."""
+        if self._upstream_for(request).kind == "anthropic":
+            return MESSAGES
+        return error_shape(request.url.path, request.headers.raw)
 
     async def relay(
         self,

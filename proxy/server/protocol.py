@@ -4,8 +4,8 @@ A request's head is bounded (`listen.max_head_bytes`, `listen.max_header_fields`
 holds a header field whole before it hands it on, and uvicorn keeps every field: one request
 with a 64 MiB header took 300 MiB before any check of the proxy's ran, and was forwarded
 whole. Here a head is fed to the parser no more than the bound at a time, and one that has not
-ended within the bound, or has too many fields, gets a 431 in the error shape of its path's
-API (Anthropic's on /v1/messages, else OpenAI's), before authentication and before it is
+ended within the bound, or has too many fields, gets a 431 in the error shape of its API
+(`error_shapes`, by the fields read so far), before authentication and before it is
 forwarded anywhere.
 
 A body is read as it comes, up to its bound (`listen.max_body_bytes`): uvicorn stops reading
@@ -38,13 +38,11 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.server import ServerState
 
 from proxy.config import Listen
-from proxy.dialects.anthropic.messages import Messages
-from proxy.dialects.openai.chat import Chat
 from proxy.errors import HeadTooLarge
+from proxy.server.error_shapes import error_shape
 
 log = logging.getLogger("compaction_proxy")
 
-MESSAGES, OPENAI = Messages(), Chat()
 # After a refusal the client may still be sending its head: what comes is read and dropped for
 # this long, so that the 431 is not lost to a reset (closing with unread data sends one).
 LINGER_SECONDS = 2.0
@@ -151,8 +149,8 @@ class ClientProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             transport.close()
             return error
-        dialect = MESSAGES if self.url.startswith(MESSAGES.path.encode()) else OPENAI
-        body = dialect.error_body(error)
+        path = self.url.decode("latin-1").partition("?")[0]
+        body = error_shape(path, self.headers).error_body(error)
         head = (
             b"content-type: application/json\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)

@@ -36,7 +36,7 @@ from proxy.compaction.forward import SHADOW_HEADER, shown_action
 from proxy.compaction.provider_summaries import ProviderSummaries
 from proxy.config import Config, NoRoute, Policy, Upstream
 from proxy.dialects import Dialect
-from proxy.dialects.json_checks import load_object
+from proxy.dialects.json_checks import load_object, optional_bool
 from proxy.dialects.openai import responses_answers as answers
 from proxy.dialects.openai.responses import (
     COMPACTION_TRIGGER,
@@ -62,7 +62,6 @@ COMPACT_PATH = "/v1/responses/compact"
 _UPSTREAM_COMPACT_PATH = COMPACT_PATH.removeprefix("/v1")
 TRIGGER = COMPACTION_TRIGGER
 ACTION = "provider_compaction"  # the x-compaction-action of a provider compaction
-_SHADOWED = [("x-compaction-action", shown_action(ACTION, shadow=True)), SHADOW_HEADER]
 
 
 class ProviderCompaction:
@@ -126,8 +125,12 @@ class ProviderCompaction:
         raw = await read_body(request, self.config.listen.max_body_bytes)
         read = self._expanded(self._routed(request, raw))
         if not read.serves:
-            # Under shadow mode the headers say what the proxy would have done.
-            own = _SHADOWED if read.shadow and read.policy.provider_compaction == "serve" else []
+            # The upstream compacts: the proxy changed nothing. Under shadow mode the headers
+            # say what it would have done.
+            would = ACTION if read.policy.provider_compaction == "serve" else "none"
+            own = self._session(request, read)
+            own.append(("x-compaction-action", shown_action(would, shadow=read.shadow)))
+            own += [SHADOW_HEADER] if read.shadow else []
             return await self.relay(request, read.upstream, _UPSTREAM_COMPACT_PATH, read.raw, own)
         served = await self._serve(request, read, read.items)
         self._count("compact", served)
@@ -148,6 +151,16 @@ class ProviderCompaction:
             raise InvalidRequest(str(exc), param="model") from None
         shadow = self.handler.shadow(headers.get(self.config.sessions.shadow_header), policy)
         return _Read(raw, body, items, tenant, policy, upstream, shadow)
+
+    def _session(self, request: Request, read: _Read) -> Headers:
+        """The session header of a compact relayed, as its `/v1/responses` turns have it;
+        none when the proxy cannot read its history (the upstream judges it)."""
+        try:
+            parsed = self.dialect.parse(read.raw)
+        except InvalidRequest:
+            return []
+        key = self.handler.client_request(request.headers, read.tenant, parsed).key
+        return [("x-compaction-session", key)]
 
     def _owner(self, read: _Read) -> str:
         """Whom an item is bound to: the inbound key's id where `auth.keys` names callers (an
@@ -201,7 +214,7 @@ class ProviderCompaction:
         the compaction item, streamed when the request streams."""
         self._count("trigger", served)
         response = answers.completed(body, [served.item], served.usage)
-        if not body.get("stream"):
+        if not optional_bool(body, "stream"):
             json = orjson.dumps(response)
             return Response(json, media_type="application/json", headers=served.headers)
         headers = dict(SSE_HEADERS) | served.headers

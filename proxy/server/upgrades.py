@@ -17,7 +17,7 @@ from starlette.websockets import WebSocket
 
 from proxy.errors import UpgradeRequired
 from proxy.observability.metrics import Metrics
-from proxy.server.guard import OPENAI
+from proxy.server.error_shapes import OPENAI
 
 log = logging.getLogger("compaction_proxy")
 

@@ -137,6 +137,7 @@ def _startup(config: config_module.Config) -> dict[str, Any]:
         "upstreams": {name: u.kind for name, u in config.upstreams.items()},
         "policies": sorted(config.policies),
         "auth": "inbound keys" if config.auth.keys else "client credentials",
+        "admin_api": "on" if config.admin.token else "off (set admin.token to turn it on)",
     }
 
 

@@ -248,13 +248,15 @@ class UpstreamClient:
         self.metrics.upstream_timeouts.labels(upstream.name, phase).inc()
         name = upstream.name
         if phase == "connect":
-            return UpstreamTimeout(f"upstream {name!r} accepted no connection within {seconds:g} s")
-        if phase == "pool":
-            return UpstreamTimeout(
-                f"upstream {name!r}: no free connection within {seconds:g} s "
-                f"(all {upstream.max_connections} in use)"
+            what = f"no connection accepted within {seconds:g} s (timeouts.connect)"
+        elif phase == "pool":
+            what = (
+                f"no free connection within {seconds:g} s (all {upstream.max_connections} in use;"
+                " timeouts.first_byte)"
             )
-        return UpstreamTimeout(f"upstream {name!r} sent no response within {seconds:g} s")
+        else:
+            what = f"no response head within {seconds:g} s (timeouts.first_byte)"
+        return UpstreamTimeout.in_phase(name, phase, what)
 
     def _unreachable(
         self, upstream: Upstream, exc: BaseException, budget: Retries

@@ -25,6 +25,7 @@ from proxy.dialects.json_checks import (
     error_field,
     invalid_type,
     load_object,
+    optional_bool,
     optional_int,
 )
 from proxy.dialects.openai.shared import (
@@ -165,7 +166,7 @@ def _parsed(
         messages=body["messages"],
         items=body["messages"],
         spans=None,
-        stream=bool(body.get("stream")),
+        stream=optional_bool(body, "stream"),
         max_output=max_output,
         keys=keys,
         raw_items=sent,

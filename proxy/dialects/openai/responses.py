@@ -17,7 +17,7 @@ from policies import Message
 from proxy.dialects.base import Parsed, Usage
 from proxy.dialects.capabilities import OutputLimits, OutputOverflow, StreamOverflow
 from proxy.dialects.item_bytes import ItemBytes
-from proxy.dialects.json_checks import invalid_type, load_object, optional_int
+from proxy.dialects.json_checks import invalid_type, load_object, optional_bool, optional_int
 from proxy.dialects.openai.responses_edits import edited_items
 from proxy.dialects.openai.responses_items import Mapped, map_items
 from proxy.dialects.openai.shared import (
@@ -227,7 +227,7 @@ def _parsed(
         messages=mapped.messages,
         items=items,
         spans=mapped.spans,
-        stream=bool(body.get("stream")),
+        stream=optional_bool(body, "stream"),
         max_output=optional_int(body, "max_output_tokens"),
         opaque_reason=held,
         keys=mapped.keys,

@@ -14,10 +14,13 @@ from aiohttp import web
 
 from tests.fakes.base import Scripted
 from tests.fakes.openai.common import (
+    METADATA_OBJECT,
     PARSE_ERROR,
     ApiError,
     bad,
     call_id,
+    check_flags,
+    check_limit,
     content_tokens,
     count_json,
     count_text,
@@ -160,6 +163,12 @@ def validate_chat(body: Any) -> None:
             raise missing(f"tools[{index}].function")
         if not function.get("name"):
             raise missing(f"tools[{index}].function.name")
+    check_flags(body, ("stream", "store", "parallel_tool_calls", "logprobs"))
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise invalid_type("metadata", METADATA_OBJECT, metadata)
+    for name in ("max_tokens", "max_completion_tokens"):
+        check_limit(body, name, 1)
     if body.get("stream_options") is not None and not body.get("stream"):
         only = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
         raise bad(only, "stream_options")

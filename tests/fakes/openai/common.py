@@ -33,6 +33,7 @@ BEHAVIORS: Behaviors = dict.fromkeys(("hang", "tool-call", "gzip", "redirect"), 
 }
 _SAMPLE_ARGUMENTS: dict[Any, Any] = {"integer": 1, "number": 1, "boolean": True, "array": []}
 _TEXT_PARTS = ("text", "input_text", "output_text", "summary_text", "reasoning_text")
+METADATA_OBJECT = "a metadata object"  # what the API's type error says it expects (recorded)
 SERVER_ERROR = "The server had an error while processing your request. Sorry about that!"
 PARSE_ERROR = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using"
@@ -121,6 +122,27 @@ def invalid_type(param: str, expected: str, value: Any) -> ApiError:
     got = names.get(type(value), "a value")
     message = f"Invalid type for '{param}': expected {expected}, but got {got} instead."
     return bad(message, param, "invalid_type")
+
+
+def check_flags(body: Mapping[str, Any], names: Iterable[str]) -> None:
+    """Boolean fields: true, false or null, never a truthy string."""
+    for name in names:
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise invalid_type(name, "a boolean", body[name])
+
+
+def check_limit(body: Mapping[str, Any], name: str, minimum: int) -> None:
+    """An integer field of at least `minimum`, or null."""
+    limit = body.get(name)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+        raise invalid_type(name, "an integer", limit)
+    if limit is not None and limit < minimum:
+        raise bad(
+            f"Invalid '{name}': integer below minimum value. Expected a value >= {minimum},"
+            f" but got {limit} instead.",
+            name,
+            "integer_below_min_value",
+        )
 
 
 def missing(param: str) -> ApiError:

@@ -17,9 +17,12 @@ from typing import Any
 import orjson
 
 from tests.fakes.openai.common import (
+    METADATA_OBJECT,
     PARSE_ERROR,
     ApiError,
     bad,
+    check_flags,
+    check_limit,
     content_tokens,
     count_json,
     count_text,
@@ -306,28 +309,18 @@ def validate_responses(body: Any) -> None:
     without the fake's memory (stored items, encrypted content, reasoning items)."""
     check_request(body, PARAMS)
     _check_tools(body)
-    for flag in ("store", "stream", "background", "parallel_tool_calls"):
-        if body.get(flag) is not None and not isinstance(body[flag], bool):
-            raise invalid_type(flag, "a boolean", body[flag])
+    check_flags(body, ("store", "stream", "background", "parallel_tool_calls"))
     for field in ("reasoning", "text", "metadata", "stream_options", "prompt"):
         if body.get(field) is not None and not isinstance(body[field], dict):
-            raise invalid_type(field, "an object", body[field])
+            expected = METADATA_OBJECT if field == "metadata" else "an object"
+            raise invalid_type(field, expected, body[field])
     include = body.get("include")
     if include is not None and not isinstance(include, list):
         raise invalid_type("include", "an array of strings", include)
     for index, value in enumerate(include or []):
         if value not in INCLUDABLE:
             raise invalid_value(value, INCLUDABLE, f"include[{index}]")
-    limit = body.get("max_output_tokens")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
-        raise invalid_type("max_output_tokens", "an integer", limit)
-    if limit is not None and limit < 16:
-        raise bad(
-            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16,"
-            f" but got {limit} instead.",
-            "max_output_tokens",
-            "integer_below_min_value",
-        )
+    check_limit(body, "max_output_tokens", 16)
     if body.get("stream_options") is not None and not body.get("stream"):
         only = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
         raise bad(only, "stream_options")
