@@ -95,8 +95,7 @@ class Proxy:
         # The proxy's own headers stop here.
         sessions = config.sessions
         drop = {sessions.header, sessions.policy_header, sessions.shadow_header}
-        # And Content-Encoding: every body goes upstream decoded (`read_body`).
-        drop = {name.lower() for name in drop} | {"content-encoding"}
+        drop = {name.lower() for name in drop}
         if self.tenants.enforced:
             drop.add(config.auth.header.lower())
         own = frozenset(drop)

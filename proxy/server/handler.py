@@ -82,8 +82,8 @@ class Handler:
         self.models = models
         self.rounds = rounds  # None: no policy has the retrieval tool
         # The upstream is asked for an identity body so that `usage` can be read on the way
-        # while the bytes are relayed unchanged.
-        self.drop_headers = own_headers | {"accept-encoding"}
+        # while the bytes are relayed unchanged; the request's goes decoded (`read_body`).
+        self.drop_headers = own_headers | {"accept-encoding", "content-encoding"}
         # What the request's own summary call carries: the credential, and its API's headers.
         self.carried = CREDENTIAL_HEADERS | dialect.call_headers.keys()
         self._routes: dict[tuple[str, str | None], tuple[Policy, Upstream]] = {}

@@ -54,7 +54,7 @@ class IncomingRequest(Request):
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, decoded, refused with 413 as soon as it is known to exceed `limit`
     (sent, or decoded)."""
-    raw = await _read(request, limit)
+    raw = await read_sent(request, limit)
     coding = request.headers.get("content-encoding")
     return raw if coding is None or not raw else decoded(raw, coding, limit)
 
@@ -84,8 +84,9 @@ def decoded(raw: bytes, coding: str, limit: int) -> bytes:
     return body
 
 
-async def _read(request: Request, limit: int) -> bytes:
-    """The request body as sent, refused with 413 as soon as it is known to exceed `limit`."""
+async def read_sent(request: Request, limit: int) -> bytes:
+    """The request body as sent (what a call relayed untouched forwards), refused with 413 as
+    soon as it is known to exceed `limit`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(_too_large(limit))

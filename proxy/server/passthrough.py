@@ -11,7 +11,7 @@ from proxy.dialects import DIALECTS, Dialect
 from proxy.errors import NotFound
 from proxy.observability.metrics import UNROUTED, Metrics
 from proxy.server.error_shapes import MESSAGES, anthropic_client, error_shape
-from proxy.server.incoming import check_path, query_string, read_body
+from proxy.server.incoming import check_path, query_string, read_sent
 from proxy.server.relay import Relay
 from proxy.server.tenants import Tenants
 from proxy.upstream.client import UpstreamClient, relayable
@@ -48,7 +48,7 @@ class Passthrough:
         carries an `anthropic-version` header)."""
         self.tenants.tenant(request.headers)
         upstream = self._upstream_for(request)
-        body = await read_body(request, self.config.listen.max_body_bytes)
+        body = await read_sent(request, self.config.listen.max_body_bytes)
         return await self.relay(request, upstream, _relative_path(request), body, [])
 
     def _upstream_for(self, request: Request) -> Upstream:

@@ -283,8 +283,9 @@ def _is_trigger(item: Any) -> bool:
 
 
 def _replayed(request: Request, body: bytes) -> Request:
-    """`request` with `body` as its body (read once already): what comes after the body (the
-    client's disconnect) is still received from the client."""
+    """`request` with `body` as its body (read once already, and decoded: its
+    Content-Encoding goes): what comes after the body (the client's disconnect) is still
+    received from the client."""
     sent = False
 
     async def receive() -> Message:
@@ -294,4 +295,5 @@ def _replayed(request: Request, body: bytes) -> Request:
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return IncomingRequest(request.scope, receive)
+    headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != b"content-encoding"]
+    return IncomingRequest({**request.scope, "headers": headers}, receive)
