@@ -11,9 +11,11 @@ so that a new example is run or consciously left out, never silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -217,32 +219,67 @@ def test_config_commands_example(setting: Setting) -> None:
 
     port = free_port()
     assert "--port 8080" in serve
+    with serving(setting, "exec " + serve.replace("--port 8080", f"--port {port}"), port):
+        pass
+
+
+@pytest.mark.subprocess
+def test_trying_it_on_the_fake_upstream(setting: Setting) -> None:
+    """The fake and the proxy as the example starts them (on free ports), a chat answered
+    through both, and the dashboard behind the token it sets."""
+    fake, port = free_port(), free_port()
+    script = sh_block(".venv/bin/python -m tests.fakes.openai").text
+    assert "8001" in script and script.rstrip().endswith("make serve CONFIG=try.yaml")
+    serve = f"exec .venv/bin/compaction-proxy serve --config try.yaml --port {port}"
+    script = script.replace("8001", str(fake)).replace("make serve CONFIG=try.yaml", serve)
+    python = setting.folder / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    with serving(setting, script, port, f"http://127.0.0.1:{fake}/v1/models") as url:
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]}
+        reply = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-Id": "t"})
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-compaction-action"] == "none"
+        token = re.search(r"admin: \{token: ([\w-]+)\}", script)
+        assert token is not None
+        admin = {"Authorization": f"Bearer {token[1]}"}
+        assert httpx.get(url + "/admin/dashboard/api/sessions", headers=admin).status_code == 200
+
+
+@contextlib.contextmanager
+def serving(setting: Setting, script: str, port: int, *also: str) -> Iterator[str]:
+    """`script` run in a session of its own (what it starts in the background goes with it),
+    until the proxy it starts on `port` is ready and the URLs `also` answer: its URL."""
+    ready = [f"http://127.0.0.1:{port}/readyz", *also]
     process = subprocess.Popen(
-        ["bash", "-c", "exec " + serve.replace("--port 8080", f"--port {port}")],
+        ["bash", "-c", script],
         cwd=setting.folder,
         env=setting.env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "serve did not get ready"
-            time.sleep(0.1)
+        for url in ready:  # the proxy's, then any other its script starts
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url).status_code < 500:  # the fake asks for a key
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, f"{url} did not answer"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
     finally:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
 
 
 def test_every_shell_example_that_runs_has_its_test() -> None:
     tested = ("curl", ".venv/bin/compaction-proxy replay", "SESSION_KEY=")
-    tested += (".venv/bin/compaction-proxy check-config",)
+    tested += (".venv/bin/compaction-proxy check-config", ".venv/bin/python -m tests.fakes.openai")
     starts = [next(s for s in tested if b.first_line.startswith(s)) for b in run_blocks("sh")]
     assert sorted(starts) == sorted(tested)
 
