@@ -80,7 +80,8 @@ class AdminClient:
         message = _error_message(payload)
         if status == 401:
             return f"the proxy refused the admin token (401): check --token or ${TOKEN_VARIABLE}"
-        if status == 404 and message.startswith("Invalid URL"):
+        # "Invalid URL" from a proxy older than the one that says the admin API is off.
+        if status == 404 and message.startswith(("Invalid URL", "The admin API is off")):
             return f"the admin API is off at {self.url} (404): set admin.token in its config"
         return f"the proxy answered {status}: {message or 'no message'}"
 
