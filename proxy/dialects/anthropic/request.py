@@ -132,6 +132,8 @@ def _assemble(
 ) -> _Assembled:
     """`after`'s canonical messages, then those of the messages after them (`each` of every
     message; `keys`, the keys of their bytes, when the body was split)."""
+    if after is not None and after.read == len(each):
+        return after  # a body sent again: no message after those assembled, never changed
     start = 0 if after is None else after.read
     messages = [] if after is None else list(after.messages)
     spans = Spans() if after is None else Spans(after.spans, after.spans.systems)
