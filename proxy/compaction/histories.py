@@ -44,8 +44,13 @@ class SessionHistories:
         `content_keys`."""
         seen = self._seen.pop(session, None)  # put back last: the most recently seen
         # The dialects' keys of a known body are the same objects turn after turn
-        # (`KnownItems`): their compare is mostly one of pointers.
-        if seen is None or seen.counter is not counter or keys[: len(seen.keys)] != seen.keys:
+        # (`KnownItems`): their compare is mostly one of pointers, and none for a body sent
+        # again (the same list: no copy of its first part to compare).
+        if (
+            seen is None
+            or seen.counter is not counter
+            or (keys is not seen.keys and keys[: len(seen.keys)] != seen.keys)
+        ):
             seen = _Seen((), counter, [], Chain([]))
         known = len(seen.counts)
         if known == len(keys):
