@@ -196,4 +196,5 @@ def test_each_turn_of_session_histories_is_its_own_counts_and_chain(
         keyed[session] = keys
         counts, chain = histories.read(session, history, keys, counter)
         assert counts == [counter.message(message) for message in history]
+        assert counts.before == [sum(counts[:stop]) for stop in range(len(counts) + 1)]
         same_chain(chain, Chain.of(history))
