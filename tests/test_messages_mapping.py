@@ -19,6 +19,7 @@ from proxy.dialects.anthropic.blocks import rebuilt, thinking_turn
 from proxy.dialects.anthropic.breakpoints import BREAKPOINT, with_breakpoints
 from proxy.dialects.anthropic.groups import groups as view_groups
 from proxy.dialects.anthropic.messages import Messages, user_id_session
+from proxy.dialects.anthropic.request import Spans
 from proxy.dialects.base import Parsed
 from proxy.errors import APIError, InvalidRequest, UpstreamTimeout
 from proxy.models.tokens import counter_for
@@ -650,6 +651,9 @@ def test_the_split_reads_what_the_whole_body_path_reads(
         assert parsed.items == whole.items
         assert parsed.messages == whole.messages
         assert list(parsed.spans or ()) == list(whole.spans or ())
+        for spans in (parsed.spans, whole.spans):  # with the native message of each, an array
+            assert isinstance(spans, Spans)
+            assert list(spans.starts) == [span.start for span in spans]
         sent = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])["messages"]
         native = [hash(bytes(m)) for m in msgspec.json.decode(sent, type=list[msgspec.Raw])]
         starts = [span.start for span in whole.spans or ()]

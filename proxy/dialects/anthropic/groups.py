@@ -119,7 +119,7 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
     spans = parsed.spans
     if not isinstance(spans, Spans) or spans.systems:
         return None
-    messages, count = parsed.messages, len(spans)
+    messages, count, starts = parsed.messages, len(spans), spans.starts
     build = _Segments(parsed)
     segments, shown = build.segments, build.shown
     start = stop = 0  # the canonical messages shown unchanged, not handed over yet
@@ -138,16 +138,15 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
             continue
         if start < stop:
             floor = stop
-            first, last = spans[start], spans[stop - 1]
-            # The canonical messages of a native message share its slice (`Spans`).
+            first, last = starts[start], starts[stop - 1]  # their native messages
             if (
                 shown
-                or (start and spans[start - 1] is first)
-                or (stop < count and spans[stop] is last)
+                or (start and starts[start - 1] == first)
+                or (stop < count and starts[stop] == last)
             ):
                 build.run(start, stop)
             else:  # most runs: whole native messages, after a gap or an edit
-                add_run(segments, first.start, last.stop)
+                add_run(segments, first, last + 1)
         if index is None:
             build.header(message)
             start = stop = floor
