@@ -178,6 +178,7 @@ def test_each_turn_of_session_histories_is_its_own_counts_and_chain(
     counters = (counter_for("gpt-4o"), counter_for("claude-sonnet-4-5"))  # exact, estimate
     assert counters[0].mode == "exact" and counters[1].mode == "estimate"
     sent: dict[str, list[dict[str, str]]] = {}
+    keyed: dict[str, list[int]] = {}
     for session, change, messages, which in turns:
         last = sent.get(session, [])
         history = {
@@ -189,6 +190,11 @@ def test_each_turn_of_session_histories_is_its_own_counts_and_chain(
         }[change]
         sent[session] = history
         counter = counters[which]
-        counts, chain = histories.read(session, history, content_keys(history), counter)
+        # The same history's keys as the same list, as a body sent again has them.
+        same = change == "same" and session in keyed
+        keys = keyed[session] if same else content_keys(history)
+        keyed[session] = keys
+        counts, chain = histories.read(session, history, keys, counter)
         assert counts == [counter.message(message) for message in history]
+        assert counts.before == [sum(counts[:stop]) for stop in range(len(counts) + 1)]
         same_chain(chain, Chain.of(history))

@@ -217,7 +217,10 @@ def same_reading(chat: Chat, raw: bytes) -> None:
 
 @settings(max_examples=examples(150), deadline=None)
 @given(
-    st.lists(st.lists(messages, min_size=1, max_size=3), min_size=2, max_size=6),
+    st.tuples(
+        st.lists(messages, min_size=1, max_size=3),
+        st.lists(st.lists(messages, max_size=3), min_size=1, max_size=5),  # none: sent again
+    ).map(lambda turns: [turns[0], *turns[1]]),
     st.sampled_from([(",", ":"), (", ", ": ")]),
     st.booleans(),
     st.lists(st.dictionaries(st.sampled_from(["stream", "user", "max_tokens"]), scalars)),
@@ -230,10 +233,10 @@ def test_a_next_turn_is_read_from_where_the_last_body_ended(
     after: list[dict[str, Any]],
     max_bytes: int,
 ) -> None:
-    """A client resends its history with new messages at the end (and fields after them that
-    may change): from the second turn on only what follows the known body is read, and the
-    result is the whole-body path's; the bodies kept stay within their bound (or the one read
-    last, when it alone is larger)."""
+    """A client resends its history with new messages at the end, or none (and fields after
+    them that may change): from the second turn on only what follows the known body is read,
+    and the result is the whole-body path's; the bodies kept stay within their bound (or the
+    one read last, when it alone is larger)."""
     chat = Chat(split_from=0)
     chat.known.bodies = KnownBodies(head=16, max_bytes=max_bytes)
     history: list[dict[str, Any]] = []

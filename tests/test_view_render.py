@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import Chain, Plan, Summary, render_entries
+from proxy.compaction.histories import Counts
 from proxy.compaction.turn import Turn
 from proxy.dialects.base import Dialect
 from proxy.dialects.openai.chat import Chat
@@ -62,7 +63,7 @@ def test_a_view_is_written_by_its_runs_as_a_step_per_message_writes_it(
     messages = parsed.messages
     plan = data.draw(plans(messages))
     counter = counter_for("gpt-4o")
-    counts = [counter.message(message) for message in messages]
+    counts = Counts(counter.message(message) for message in messages)
     request, limits = SimpleNamespace(messages=messages), SimpleNamespace(counter=counter)
     turn = Turn(request, limits, None, 3, counts, Chain.of(messages), None, None)  # type: ignore[arg-type]
     for role in ("user", "assistant"):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from policies.chain import Chain
@@ -10,10 +11,32 @@ from proxy.memo import MessageDigests, make_room
 from proxy.models.tokens import TokenCounter
 
 
+class Counts(list[int]):
+    """The tokens of each message of a history, and of all the messages before each (`before`,
+    one more: the history's tokens last), made once a history: a run of messages is counted
+    as a difference of two, not message by message (`Turn.tokens`)."""
+
+    __slots__ = ("before",)
+
+    def __init__(self, counts: Iterable[int] = ()) -> None:
+        super().__init__(counts)
+        self.before = [0, *itertools.accumulate(self)]
+
+    def then(self, new: Sequence[int]) -> Counts:
+        """These counts followed by `new` (only theirs summed)."""
+        counts = Counts()
+        counts += self
+        counts += new
+        sums = itertools.accumulate(new, initial=self.before[-1])
+        next(sums)  # the tokens before them, which `before` ends with
+        counts.before = [*self.before, *sums]
+        return counts
+
+
 class _Seen(NamedTuple):
     keys: Sequence[int]  # the messages' content keys
     counter: TokenCounter
-    counts: list[int]
+    counts: Counts
     chain: Chain
 
 
@@ -39,20 +62,25 @@ class SessionHistories:
         messages: Sequence[Any],
         keys: Sequence[int],
         counter: TokenCounter,
-    ) -> tuple[list[int], Chain]:
+    ) -> tuple[Counts, Chain]:
         """The tokens of each of `messages` (by `counter`) and their chain, given their
         `content_keys`."""
         seen = self._seen.pop(session, None)  # put back last: the most recently seen
         # The dialects' keys of a known body are the same objects turn after turn
-        # (`KnownItems`): their compare is mostly one of pointers.
-        if seen is None or seen.counter is not counter or keys[: len(seen.keys)] != seen.keys:
-            seen = _Seen((), counter, [], Chain([]))
+        # (`KnownItems`): their compare is mostly one of pointers, and none for a body sent
+        # again (the same list: no copy of its first part to compare).
+        if (
+            seen is None
+            or seen.counter is not counter
+            or (keys is not seen.keys and keys[: len(seen.keys)] != seen.keys)
+        ):
+            seen = _Seen((), counter, Counts(), Chain([]))
         known = len(seen.counts)
         if known == len(keys):
             counts, chain = seen.counts, seen.chain
         else:
             new, new_keys = messages[known:], keys[known:]
-            counts = seen.counts + counter.counts(new, new_keys)
+            counts = seen.counts.then(counter.counts(new, new_keys))
             chain = seen.chain.followed_by(self.digests(new, new_keys))
         make_room(self._seen, session, self.size)
         self._seen[session] = _Seen(keys, counter, counts, chain)

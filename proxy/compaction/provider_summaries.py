@@ -11,6 +11,7 @@ import logging
 
 import policies
 from policies import Summary, SummaryRequest
+from proxy.compaction.histories import Counts
 from proxy.compaction.hooks import Hooks
 from proxy.compaction.summarizer import Summarizers
 from proxy.compaction.turn import ClientRequest, Turn
@@ -68,7 +69,7 @@ class ProviderSummaries:
         limits = self.limits.limits(request.parsed.model, request.upstream)
         counter = limits.counter
         budget = request.policy.compaction.budget(limits.window, limits.max_output, None)
-        counts = [counter.message(m) for m in request.messages]
+        counts = Counts(counter.message(m) for m in request.messages)
         chain = policies.Chain.of(request.messages)
         loaded = Loaded(SessionState(), 0, "ok")  # no session read: the hooks read none
         return Turn(request, limits, budget, 0, counts, chain, loaded, None)

@@ -8,6 +8,7 @@ import functools
 import math
 
 import policies
+from proxy.compaction.histories import Counts
 from proxy.config import Policy, Upstream
 from proxy.dialects import CacheBreakpoints, Dialect, Entries, Parsed
 from proxy.models.limits import Limits
@@ -93,7 +94,7 @@ class Turn:
     limits: Limits
     budget: policies.Budget
     fixed: int  # tokens outside the conversation (tools, instructions)
-    counts: list[int]  # tokens of each message of the request
+    counts: Counts  # tokens of each message of the request
     chain: policies.Chain
     loaded: Loaded
     branch: Branch | None
@@ -108,17 +109,17 @@ class Turn:
 
     @property
     def tokens_before(self) -> int:
-        return self.fixed + sum(self.counts)
+        return self.fixed + self.counts.before[-1]
 
     def tokens(self, entries: Entries) -> int:
         """Tokens of the view `entries` (`policies.render_entries`); a message it shows as the
-        request has it is not counted again (a `View`'s runs of them: a sum of their counts)."""
-        messages, counts = self.request.messages, self.counts
+        request has it is not counted again (a `View`'s runs of them: by `Counts.before`)."""
+        messages, counts, before = self.request.messages, self.counts, self.counts.before
         message_tokens = self.limits.counter.message
         total = self.fixed
         for entry in entries.runs if isinstance(entries, policies.View) else entries:
             if isinstance(entry, range):
-                total += sum(counts[entry.start : entry.stop])
+                total += before[entry.stop] - before[entry.start]
                 continue
             index, message = entry
             if index is not None and message is messages[index]:

@@ -203,9 +203,9 @@ class KnownItems:
         derived = None if self.derive is None else self.derived.each(items, self.derive, spans)
         raw = ItemBytes(b"", _NO_OFFSETS, spans)
         if known is not None:
-            items, keys = known.items + items, known.keys + keys
+            items, keys = _then(known.items, items), _then(known.keys, keys)
             if derived is not None:
-                derived = known.derived + derived
+                derived = _then(known.derived, derived)
             raw = ItemBytes(known.prefix, known.offsets, spans)
         split = Split({**before, field: items, **after}, items, raw, keys, derived)
         if self.fold is None:
@@ -219,6 +219,12 @@ class KnownItems:
         if not self.accepts(item):
             raise _Refused
         return item
+
+
+def _then(known: list[Any], new: list[Any]) -> list[Any]:
+    """The list `known` followed by `new`: `known` itself when nothing follows (a body sent
+    again shares its known body's lists, which nothing changes in place: `Parsed`)."""
+    return known + new if new else known
 
 
 class _Known(NamedTuple):

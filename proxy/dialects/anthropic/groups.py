@@ -119,7 +119,7 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
     spans = parsed.spans
     if not isinstance(spans, Spans) or spans.systems:
         return None
-    messages, count = parsed.messages, len(spans)
+    messages, count, starts = parsed.messages, len(spans), spans.starts
     build = _Segments(parsed)
     segments, shown = build.segments, build.shown
     start = stop = 0  # the canonical messages shown unchanged, not handed over yet
@@ -128,7 +128,7 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
     for entry in entries.runs if isinstance(entries, View) else entries:
         index: int | None
         if isinstance(entry, range):
-            index, end, message, same = entry.start, entry.stop, messages[entry.start], True
+            index, end, same = entry.start, entry.stop, True
         else:
             index, message = entry
             end = 0 if index is None else index + 1
@@ -138,16 +138,15 @@ def segments_of(parsed: Parsed, entries: Entries) -> tuple[list[Segment], int] |
             continue
         if start < stop:
             floor = stop
-            first, last = spans[start], spans[stop - 1]
-            # The canonical messages of a native message share its slice (`Spans`).
+            first, last = starts[start], starts[stop - 1]  # their native messages
             if (
                 shown
-                or (start and spans[start - 1] is first)
-                or (stop < count and spans[stop] is last)
+                or (start and starts[start - 1] == first)
+                or (stop < count and starts[stop] == last)
             ):
                 build.run(start, stop)
             else:  # most runs: whole native messages, after a gap or an edit
-                add_run(segments, first.start, last.stop)
+                add_run(segments, first, last + 1)
         if index is None:
             build.header(message)
             start = stop = floor
@@ -199,11 +198,17 @@ class _Segments:
         shown += [(i, messages[i]) for i in range(members_of(spans, stop - 1).start, stop)]
 
     def edit(self, index: int, message: Message) -> None:
-        native = self.spans[index].start
-        if self.shown and self.spans[self.shown[0][0]].start != native:
+        spans, shown = self.spans, self.shown
+        native = spans[index].start
+        if shown and spans[shown[0][0]].start != native:
             self.flush()
-        self.shown.append((index, message))
         self.last_edit = native
+        if len(members_of(spans, index)) > 1:  # it waits with the others of its native message
+            shown.append((index, message))
+            return
+        # Most edits: of a native message of its own, made at once.
+        original, item = self.parsed.messages[index], self.parsed.items[native]
+        self.segments += ((made, native) for made in edited_items([item], original, message))
 
     def header(self, message: Message) -> None:
         self.flush()

@@ -8,6 +8,7 @@ what is new. A body the split does not read is read whole, which says what is wr
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
@@ -106,14 +107,22 @@ def _canonical(message: Any) -> list[Message]:
 
 class Spans(list[slice]):
     """Where each canonical message comes from (`Parsed.spans`): the canonical messages of a
-    native message share one slice, so a view tells them apart by identity (`groups`). And
-    how many of the request's native messages are system messages (a view moves them)."""
+    native message share one slice, so a view tells them apart by identity (`groups`); the
+    index of that native message (`starts`, an array: a view places a run of canonical
+    messages by two numbers, not by reading slices all over memory); and how many of the
+    request's native messages are system messages (a view moves them)."""
 
-    __slots__ = ("systems",)
+    __slots__ = ("starts", "systems")
 
-    def __init__(self, spans: Sequence[slice] = (), systems: int = 0) -> None:
-        super().__init__(spans)
-        self.systems = systems
+    def __init__(self, after: Spans | None = None) -> None:
+        super().__init__(() if after is None else after)
+        self.starts: array[int] = array("q") if after is None else after.starts[:]
+        self.systems: int = 0 if after is None else after.systems
+
+    def add(self, native: int, count: int) -> None:
+        """The `count` canonical messages of native message `native`."""
+        self.extend([slice(native, native + 1)] * count)
+        self.starts.extend([native] * count)
 
 
 class _Assembled(NamedTuple):
@@ -132,14 +141,16 @@ def _assemble(
 ) -> _Assembled:
     """`after`'s canonical messages, then those of the messages after them (`each` of every
     message; `keys`, the keys of their bytes, when the body was split)."""
+    if after is not None and after.read == len(each):
+        return after  # a body sent again: no message after those assembled, never changed
     start = 0 if after is None else after.read
     messages = [] if after is None else list(after.messages)
-    spans = Spans() if after is None else Spans(after.spans, after.spans.systems)
+    spans = Spans(None if after is None else after.spans)
     made = [] if after is None or after.keys is None else list(after.keys)
     for index in range(start, len(each)):
         found = each[index]
         messages += found
-        spans += [slice(index, index + 1)] * len(found)
+        spans.add(index, len(found))
         if found[0]["role"] == "system":  # the canonical message of a system message
             spans.systems += 1
         if keys is not None:
