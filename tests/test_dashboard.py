@@ -20,6 +20,7 @@ from proxy.server.session_view import plan_words
 from proxy.server.tenants import Tenants
 from tests.harness import ADMIN_TOKEN, Conversation, Harness, harness
 from tests.servers import proxy_server
+from tests.test_calibration import ESTIMATED, cjk_turn
 
 API = "/admin/dashboard/api/sessions"
 OWN = {"x-compaction-dashboard": "1"}
@@ -114,6 +115,27 @@ def test_recent_sessions_newest_first_with_their_figures_and_by_tenant() -> None
         only = data(h, tenant=tenant("sk-bob"))
         assert [s["key"] for s in only["sessions"]] == [bob.key]
         assert "SUMMARY" not in str(found)  # no text in the list
+
+
+def test_a_turn_is_shown_in_the_upstreams_tokens_as_its_headers_say_them() -> None:
+    """A model counted by an estimate that CJK text makes ~4 times too low: the dashboard's
+    figures of a turn are its headers', and its levels the budget's, in the upstream's tokens."""
+    models = [{"match": ESTIMATED, "context_window": 8192, "counting": "estimate"}]
+    with harness(models=models) as h:
+        chat = h.conversation(model=ESTIMATED)
+        for turn in range(4):
+            headers = chat.say(cjk_turn(turn))
+        ratio = float(headers["x-compaction-count-ratio"])
+        assert ratio > 2
+        recent = data(h, f"/{chat.key}")["activity"]["recent"]
+        _, sent, forwarded, compact, target, _, _ = recent[-1]
+        assert (sent, forwarded) == (
+            int(headers["x-compaction-tokens-before"]),
+            int(headers["x-compaction-tokens-after"]),
+        )
+        budget = h.budget(ESTIMATED)  # in the upstream's tokens
+        assert abs(compact - budget.compact_tokens) <= ratio + 1  # the scaled budget rounds down
+        assert abs(target - budget.target_tokens) <= ratio + 1
 
 
 def test_a_compacted_session_shows_its_turns_plan_and_summary() -> None:

@@ -148,5 +148,9 @@ def dashboard_turn(request: ClientRequest, forward: Forward) -> tuple[Who, TurnF
     who = Who(request.tenant, request.dialect.name, model, request.policy.name, forward.store)
     action = shown_action(forward.action, shadow=forward.shadow)
     layers = tuple([decision.layer for decision in forward.decisions]) if forward.decisions else ()
-    sent, forwarded = forward.tokens_before, forward.tokens_after
-    return who, TurnFigures(time.time(), sent, forwarded, *forward.levels, action, layers)
+    # In the upstream's tokens, as the headers say them (the counter's times the ratio).
+    sent, forwarded, compact, target = (
+        round(tokens * forward.ratio)
+        for tokens in (forward.tokens_before, forward.tokens_after, *forward.levels)
+    )
+    return who, TurnFigures(time.time(), sent, forwarded, compact, target, action, layers)
