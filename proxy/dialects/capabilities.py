@@ -104,9 +104,9 @@ class OutputLimits(Dialect):
         """The figures of an overflow error that counts the reserved output (None: not one)."""
 
     def overflow_prompt(self, payload: bytes) -> int | None:
-        """The upstream's count of the prompt an overflow error refused, when it says it."""
-        figures = self.output_overflow(payload)
-        return None if figures is None else figures.prompt
+        """The upstream's count of the prompt an overflow error without `output_overflow`'s
+        figures refused, when it says it (None here: the API's errors have only those)."""
+        return None
 
     @abstractmethod
     def with_max_output(self, body: bytes, max_output: int) -> bytes | None:

@@ -35,11 +35,14 @@ def guarded(endpoint: Endpoint, metrics: Metrics, shape: Dialect | Shape = by_re
     """`endpoint`, its every failure answered in the error shape of `shape` (an API, or the
     API chosen for the request)."""
 
+    def shape_of(request: Request) -> Dialect:  # chosen on a failure only
+        return shape if isinstance(shape, Dialect) else shape(request)
+
     async def guarded_endpoint(request: Request) -> ASGIApp:
-        dialect = shape if isinstance(shape, Dialect) else shape(request)
         try:
             return await endpoint(request)
         except APIError as exc:
+            dialect = shape_of(request)
             refused(metrics, dialect, exc)
             return dialect.error_response(exc)
         except ClientDisconnect:
@@ -47,8 +50,9 @@ def guarded(endpoint: Endpoint, metrics: Metrics, shape: Dialect | Shape = by_re
         except StreamBroken:
             broken = UpstreamUnreachable("the upstream broke off its answer")
             metrics.refused("error", broken)
-            return dialect.error_response(broken)
+            return shape_of(request).error_response(broken)
         except Exception as exc:
+            dialect = shape_of(request)
             log.error("unexpected error", extra={"api": dialect.name, **failure(exc)})
             metrics.answered("error", 500)
             return dialect.error_response(APIError("The proxy failed to handle this request."))

@@ -38,7 +38,8 @@ async def retried(
     figures: OutputOverflow | None = None
     prompt: int | None = None
     if isinstance(dialect, OutputLimits):
-        figures, prompt = dialect.output_overflow(error), dialect.overflow_prompt(error)
+        figures = dialect.output_overflow(error)
+        prompt = figures.prompt if figures is not None else dialect.overflow_prompt(error)
     if prompt is not None:
         # The upstream's own count of what was sent, as good as an answer's usage: the harder
         # compaction and the max_tokens it leaves are reckoned by it, not by the guess that

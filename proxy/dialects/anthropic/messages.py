@@ -186,7 +186,7 @@ class Messages(CacheBreakpoints, TokenCounting, Entitlements, StreamStartUsage, 
     def overflow_prompt(self, payload: bytes) -> int | None:
         # The prompt alone over the window is told in words of its own.
         found = _PROMPT_OVERFLOW.match(error_field(payload, "message") or "")
-        return super().overflow_prompt(payload) if found is None else int(found.group(1))
+        return None if found is None else int(found.group(1))
 
     def with_max_output(self, body: bytes, max_output: int) -> bytes | None:
         request = orjson.loads(body)
